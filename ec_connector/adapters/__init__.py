@@ -1,0 +1,1 @@
+"""Adapters: translators between the ports and the world (torch, /dev/shm, ZMQ, NIXL, vLLM)."""

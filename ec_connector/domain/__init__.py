@@ -1,0 +1,1 @@
+"""The pure core: rules about entries, blocks, leases and the wire vocabulary. Stdlib only."""

@@ -1,0 +1,213 @@
+"""`ec_connector_extra_config` (and the side-channel environment) parsed into a frozen value.
+
+vLLM passes the extra config through untouched, so every type is checked here. A rejected value
+raises ConfigError (a ValueError) naming the key, the value and the accepted form; nothing is
+clamped or coerced silently.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from enum import Enum
+from typing import Any
+
+from ec_connector.domain.errors import ConfigError
+
+EXTRA = "ec_connector_extra_config"
+TRUE_STRINGS = frozenset({"true", "1", "yes"})
+NIXL_BACKENDS = ("UCX", "LIBFABRIC", "GDS", "POSIX", "OBJ", "MOONCAKE")
+UCX_ERROR_MODES = ("none", "peer")
+DEFAULT_SIDE_CHANNEL_HOST = "localhost"
+DEFAULT_SIDE_CHANNEL_PORT = 5601
+
+
+class Role(str, Enum):
+    PRODUCER = "ec_producer"
+    CONSUMER = "ec_consumer"
+    BOTH = "ec_both"
+
+    @property
+    def saves(self) -> bool:
+        """Offloads GPU → CPU."""
+        return self is not Role.CONSUMER
+
+    @property
+    def loads(self) -> bool:
+        """Reloads CPU → GPU."""
+        return self is not Role.PRODUCER
+
+
+@dataclass(frozen=True, slots=True)
+class ConnectorConfig:
+    role: Role
+    cpu_bytes: int
+    enable_nixl: bool = False
+    consumer_ack_timeout_s: float = 2.0
+    read_timeout_s: float = 20.0
+    quarantine_s: float = 60.0
+    producer_pin_lease_s: float = 30.0
+    announce_lease_s: float = 60.0
+    save_lease_s: float = 30.0
+    not_ready_backoff_s: float = 0.05
+    not_ready_backoff_max_s: float = 1.0
+    not_ready_give_up_s: float = 10.0
+    nixl_backend: str = "UCX"
+    ucx_error_mode: str = "none"
+    side_channel_secret: str | None = None
+    event_feed_address: str | None = None
+
+
+_SECONDS_KEYS = (
+    "consumer_ack_timeout_s",
+    "read_timeout_s",
+    "quarantine_s",
+    "producer_pin_lease_s",
+    "announce_lease_s",
+    "save_lease_s",
+    "not_ready_backoff_s",
+    "not_ready_backoff_max_s",
+    "not_ready_give_up_s",
+)
+KNOWN_KEYS = frozenset(
+    {
+        "ec_cpu_bytes",
+        "ec_enable_nixl",
+        "nixl_backend",
+        "ucx_error_mode",
+        "side_channel_secret",
+        "event_feed_address",
+        *_SECONDS_KEYS,
+    }
+)
+
+
+def _reject(key: str, value: object, form: str) -> ConfigError:
+    return ConfigError(f"{EXTRA}[{key!r}] = {value!r} is invalid: expected {form}")
+
+
+def parse_role(value: object) -> Role:
+    try:
+        return Role(value)
+    except ValueError:
+        accepted = ", ".join(repr(r.value) for r in Role)
+        raise ConfigError(
+            f"ec_role = {value!r} is invalid: expected one of {accepted} "
+            "(ec_role is required whenever ec_connector is set)"
+        ) from None
+
+
+def parse_bool_flag(key: str, value: object) -> bool:
+    """A bool, or a string that enables only when it is "true", "1" or "yes" (any case)."""
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str):
+        return value.strip().lower() in TRUE_STRINGS
+    raise _reject(key, value, 'a bool or a string ("true", "1", "yes" enable; anything else disables)')
+
+
+def parse_cpu_bytes(extra: Mapping[str, Any]) -> int:
+    key = "ec_cpu_bytes"
+    if key not in extra:
+        raise ConfigError(
+            f"{EXTRA} is missing required key {key!r}: expected a positive integer number of "
+            'bytes, e.g. {"ec_cpu_bytes": 1073741824}'
+        )
+    value = extra[key]
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise _reject(key, value, "a positive integer number of bytes, e.g. 1073741824")
+    return value
+
+
+def parse_seconds(key: str, value: object) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise _reject(key, value, "a number of seconds > 0, e.g. 2.0")
+    if not math.isfinite(value) or value <= 0:
+        raise _reject(key, value, "a finite number of seconds > 0, e.g. 2.0")
+    return float(value)
+
+
+def _parse_choice(key: str, value: object, choices: tuple[str, ...]) -> str:
+    if not isinstance(value, str) or value not in choices:
+        raise _reject(key, value, "one of " + ", ".join(repr(c) for c in choices))
+    return value
+
+
+def _parse_optional_text(key: str, value: object, form: str) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, str) or not value:
+        raise _reject(key, value, form)
+    return value
+
+
+def parse_config(extra: object, *, role: object) -> ConnectorConfig:
+    """Validate `ec_connector_extra_config` for `role` into a ConnectorConfig."""
+    parsed_role = parse_role(role)
+    if extra is None:
+        extra = {}
+    if not isinstance(extra, Mapping):
+        raise ConfigError(f"{EXTRA} = {extra!r} is invalid: expected a JSON object (dict)")
+    unknown = sorted(set(map(str, extra)) - KNOWN_KEYS)
+    if unknown:
+        raise ConfigError(
+            f"{EXTRA} has unknown key(s) {', '.join(map(repr, unknown))}: "
+            f"accepted keys are {', '.join(sorted(KNOWN_KEYS))}"
+        )
+    fields: dict[str, Any] = {
+        "role": parsed_role,
+        "cpu_bytes": parse_cpu_bytes(extra),
+    }
+    if "ec_enable_nixl" in extra:
+        fields["enable_nixl"] = parse_bool_flag("ec_enable_nixl", extra["ec_enable_nixl"])
+    for key in _SECONDS_KEYS:
+        if key in extra:
+            fields[key] = parse_seconds(key, extra[key])
+    if "nixl_backend" in extra:
+        fields["nixl_backend"] = _parse_choice("nixl_backend", extra["nixl_backend"], NIXL_BACKENDS)
+    if "ucx_error_mode" in extra:
+        fields["ucx_error_mode"] = _parse_choice(
+            "ucx_error_mode", extra["ucx_error_mode"], UCX_ERROR_MODES
+        )
+    if "side_channel_secret" in extra:
+        fields["side_channel_secret"] = _parse_optional_text(
+            "side_channel_secret", extra["side_channel_secret"], "a non-empty string or null"
+        )
+    if "event_feed_address" in extra:
+        fields["event_feed_address"] = _parse_optional_text(
+            "event_feed_address",
+            extra["event_feed_address"],
+            'a ZMQ endpoint string such as "tcp://127.0.0.1:5610", or null',
+        )
+    config = ConnectorConfig(**fields)
+    if config.not_ready_backoff_max_s < config.not_ready_backoff_s:
+        raise _reject(
+            "not_ready_backoff_max_s",
+            config.not_ready_backoff_max_s,
+            f"a number >= not_ready_backoff_s ({config.not_ready_backoff_s})",
+        )
+    return config
+
+
+@dataclass(frozen=True, slots=True)
+class SideChannel:
+    host: str = DEFAULT_SIDE_CHANNEL_HOST
+    port: int = DEFAULT_SIDE_CHANNEL_PORT
+
+
+def side_channel_from_env(environ: Mapping[str, str]) -> SideChannel:
+    """VLLM_EC_SIDE_CHANNEL_HOST / _PORT, read by producers (and ec_both) with NIXL on."""
+    host = environ.get("VLLM_EC_SIDE_CHANNEL_HOST", DEFAULT_SIDE_CHANNEL_HOST).strip()
+    if not host:
+        raise ConfigError("VLLM_EC_SIDE_CHANNEL_HOST is empty: expected a host name or address")
+    raw_port = environ.get("VLLM_EC_SIDE_CHANNEL_PORT", str(DEFAULT_SIDE_CHANNEL_PORT))
+    try:
+        port = int(raw_port)
+    except ValueError:
+        port = -1
+    if not 0 < port < 65536:
+        raise ConfigError(
+            f"VLLM_EC_SIDE_CHANNEL_PORT = {raw_port!r} is invalid: expected an integer port 1-65535"
+        )
+    return SideChannel(host, port)

@@ -1,0 +1,36 @@
+"""The shared host-memory region of one engine instance."""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from ec_connector.domain.layout import Layout
+from ec_connector.domain.transfers import Completion
+
+
+class Region(Protocol):
+    @property
+    def name(self) -> str:
+        """Stable name of the region (the file name for a /dev/shm region)."""
+        ...
+
+    @property
+    def layout(self) -> Layout:
+        """Row width, dtype and number of blocks of the data area."""
+        ...
+
+    def data(self) -> memoryview:
+        """The writable data area, `layout.data_bytes` long; owned by the region, valid until close."""
+        ...
+
+    def post_completion(self, completion: Completion) -> None:
+        """Record that a rank finished a copy; non-blocking; safe from any local process."""
+        ...
+
+    def drain_completions(self) -> list[Completion]:
+        """Completions posted since the last drain, each returned once; one reader only."""
+        ...
+
+    def close(self) -> None:
+        """Unmap (and, for the last user, remove) the region; idempotent."""
+        ...
