@@ -12,6 +12,7 @@ Rules held here:
 from __future__ import annotations
 
 import heapq
+from collections.abc import Container
 from dataclasses import dataclass, field
 from enum import Enum
 
@@ -79,29 +80,40 @@ class EntryTable:
         entry = self._entries.get(key)
         return entry is not None and entry.is_ready
 
-    def evictable_blocks(self, now: float) -> int:
-        return sum(e.rows for e in self._entries.values() if e.is_evictable(now))
+    def evictable_blocks(self, now: float, protect: Container[str] = ()) -> int:
+        return sum(
+            e.rows for e in self._entries.values() if e.is_evictable(now) and e.key not in protect
+        )
 
-    def can_fit(self, rows: int, now: float) -> bool:
+    def can_fit(self, rows: int, now: float, protect: Container[str] = ()) -> bool:
         """True when `rows` blocks fit now, counting what eviction could free."""
         free = self.blocks.free_blocks
-        return rows <= free or rows <= free + self.evictable_blocks(now)
+        return rows <= free or rows <= free + self.evictable_blocks(now, protect)
 
-    def reserve(self, key: str, rows: int, *, now: float, lease_s: float) -> Reservation | None:
+    def reserve(
+        self,
+        key: str,
+        rows: int,
+        *,
+        now: float,
+        lease_s: float,
+        protect: Container[str] = (),
+    ) -> Reservation | None:
         """Add a NOT_READY entry of `rows` blocks, evicting FIFO if needed; None if it cannot fit.
 
-        On None nothing was evicted. Raises IllegalTransition if `key` is already held.
+        Entries whose keys are in `protect` are not evicted (e.g. items promised to vLLM this
+        step). On None nothing was evicted. Raises IllegalTransition if `key` is already held.
         """
         if key in self._entries:
             raise IllegalTransition(f"entry {key!r} is already held")
         if rows <= 0:
             raise ValueError(f"entry {key!r}: cannot reserve {rows} rows")
-        if rows > self.blocks.num_blocks or not self.can_fit(rows, now):
+        if rows > self.blocks.num_blocks or not self.can_fit(rows, now, protect):
             return None
         evicted: list[Entry] = []
         if rows > self.blocks.free_blocks:
             for victim in list(self._entries.values()):
-                if victim.is_evictable(now):
+                if victim.is_evictable(now) and victim.key not in protect:
                     evicted.append(victim)
                     self._free(victim)
                     if rows <= self.blocks.free_blocks:

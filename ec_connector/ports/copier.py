@@ -38,5 +38,8 @@ class Copier(Protocol):
         ...
 
     def close(self) -> None:
-        """Wait for copies in flight, then release streams and buffers; idempotent."""
+        """Wait for copies in flight, then release streams and buffers; idempotent.
+
+        Tickets of copies that ended meanwhile are still returned by the next poll.
+        """
         ...

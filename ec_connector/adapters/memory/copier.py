@@ -91,7 +91,6 @@ class MemoryCopier:
 
     def close(self) -> None:
         self.release_held()
-        self._released = []
 
     def _start(self, ticket: int) -> None:
         (self._in_flight if self.hold else self._released).append(ticket)

@@ -1,0 +1,229 @@
+"""The scheduler side of the local tier: which items load, which save, and what completed.
+
+Runs in the engine-core process. It owns the entry table; workers learn what to copy from the
+`StepPlan` this service hands out, and report back through the region's completion table, so
+completion reaches this side on every model runner (worker metadata is never needed).
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+from enum import Enum
+
+import structlog
+
+from ec_connector.application.stats import Occupancy, TierStats
+from ec_connector.domain.blocks import Extent
+from ec_connector.domain.cache import EntryTable, Expiry
+from ec_connector.domain.config import ConnectorConfig
+from ec_connector.domain.entries import Phase
+from ec_connector.domain.transfers import CacheEvent, Completion, EventKind, PlannedCopy, StepPlan
+from ec_connector.ports.region import Region
+from ec_connector.ports.runtime import Clock, EventSink
+
+log = structlog.get_logger(__name__)
+
+
+class _Kind(Enum):
+    SAVE = "save"
+    LOAD = "load"
+
+
+@dataclass(slots=True)
+class _Pending:
+    kind: _Kind
+    key: str
+    waiting_on: set[int]
+    started: float
+    size_bytes: int
+    failed: bool = field(default=False)
+
+
+class TierScheduler:
+    """Scheduler-side use cases: lookups, offload/reload planning, completion, lease expiry."""
+
+    def __init__(
+        self,
+        *,
+        config: ConnectorConfig,
+        region: Region,
+        clock: Clock,
+        events: EventSink,
+        ranks: int,
+        engine_id: str,
+    ) -> None:
+        if ranks <= 0:
+            raise ValueError(f"ranks must be > 0, got {ranks}")
+        self._config = config
+        self._region = region
+        self._layout = region.layout
+        self._clock = clock
+        self._events = events
+        self._ranks = ranks
+        self._engine_id = engine_id
+        self._table = EntryTable(self._layout.num_blocks)
+        self._tickets = itertools.count(1)
+        self._pending: dict[int, _Pending] = {}
+        self._save_ticket: dict[str, int] = {}
+        self._saves: list[PlannedCopy] = []
+        self._loads: list[PlannedCopy] = []
+        self._planned_keys: set[str] = set()
+        self._promised: set[str] = set()
+        self._polled = False
+        self.stats = TierStats()
+
+    @property
+    def table(self) -> EntryTable:
+        return self._table
+
+    def has_item(self, key: str) -> bool:
+        """True when `key` can be reloaded from the tier (consumer or both roles only).
+
+        A True answer protects the entry from eviction until this step's plan is taken.
+        """
+        self._poll_once_per_step()
+        if not self._config.role.loads:
+            return False
+        if self._table.is_ready(key):
+            self.stats.hits += 1
+            self._promised.add(key)
+            return True
+        self.stats.misses += 1
+        return False
+
+    def on_allocated(self, key: str, rows: int) -> None:
+        """vLLM made room for item `key` of `rows` rows: plan its reload, or its offload."""
+        self._poll_once_per_step()
+        if key in self._planned_keys:
+            return
+        entry = self._table.get(key)
+        now = self._clock.now()
+        if entry is not None and entry.is_ready and self._config.role.loads:
+            self._table.pin(key)
+            self._loads.append(self._plan(_Kind.LOAD, key, entry.extents, entry.rows, now))
+            self.stats.loads_planned += 1
+        elif entry is None and self._config.role.saves:
+            self._plan_save(key, rows, now)
+
+    def take_plan(self) -> StepPlan:
+        """This step's copies for the workers; resets the step."""
+        self._poll_once_per_step()
+        plan = StepPlan(saves=tuple(self._saves), loads=tuple(self._loads))
+        self._saves, self._loads = [], []
+        self._planned_keys.clear()
+        self._promised.clear()
+        self._polled = False
+        return plan
+
+    def poll(self) -> None:
+        """Apply completions the workers posted and settle every lapsed deadline."""
+        for completion in self._region.drain_completions():
+            self._complete(completion)
+        expiry = self._table.expire(self._clock.now(), quarantine_s=self._config.quarantine_s)
+        if expiry:
+            self._settle(expiry)
+
+    def has_pending_work(self) -> bool:
+        """True while a planned copy has not completed on every rank it involves."""
+        self.poll()
+        return bool(self._pending or self._saves or self._loads)
+
+    def occupancy(self) -> Occupancy:
+        blocks = self._table.blocks
+        size = self._layout.block_size_bytes
+        return Occupancy(
+            entries=len(self._table),
+            used_blocks=blocks.used_blocks,
+            free_blocks=blocks.free_blocks,
+            used_bytes=blocks.used_blocks * size,
+            capacity_bytes=self._layout.data_bytes,
+        )
+
+    def _poll_once_per_step(self) -> None:
+        if not self._polled:
+            self._polled = True
+            self.poll()
+
+    def _plan_save(self, key: str, rows: int, now: float) -> None:
+        reservation = self._table.reserve(
+            key, rows, now=now, lease_s=self._config.save_lease_s, protect=self._promised
+        )
+        if reservation is None:
+            self.stats.not_offloaded += 1
+            log.info("offload_skipped_region_full", mm_hash=key, rows=rows)
+            return
+        for victim in reservation.evicted:
+            self.stats.evictions += 1
+            self._publish(EventKind.EVICTED, victim.key, victim.rows)
+        entry = reservation.entry
+        copy = self._plan(_Kind.SAVE, key, entry.extents, rows, now)
+        self._save_ticket[key] = copy.ticket
+        self._saves.append(copy)
+        self.stats.saves_planned += 1
+
+    def _plan(self, kind: _Kind, key: str, extents: tuple[Extent, ...], rows: int, now: float) -> PlannedCopy:
+        ticket = next(self._tickets)
+        waiting_on = {0} if kind is _Kind.SAVE else set(range(self._ranks))
+        size = rows * self._layout.block_size_bytes
+        self._pending[ticket] = _Pending(kind, key, waiting_on, now, size)
+        self._planned_keys.add(key)
+        return PlannedCopy(ticket=ticket, key=key, extents=extents, rows=rows)
+
+    def _complete(self, completion: Completion) -> None:
+        pending = self._pending.get(completion.ticket)
+        if pending is None or completion.rank not in pending.waiting_on:
+            self.stats.unknown_completions += 1
+            log.warning("completion_unknown", ticket=completion.ticket, rank=completion.rank)
+            return
+        pending.waiting_on.discard(completion.rank)
+        pending.failed |= not completion.ok
+        if pending.waiting_on:
+            return
+        del self._pending[completion.ticket]
+        if pending.kind is _Kind.SAVE:
+            self._finish_save(pending)
+        else:
+            self._finish_load(pending)
+
+    def _finish_save(self, pending: _Pending) -> None:
+        key = pending.key
+        self._save_ticket.pop(key, None)
+        entry = self._table.get(key)
+        if entry is None or entry.phase is not Phase.NOT_READY:
+            self.stats.late_completions += 1
+            return
+        if pending.failed:
+            self._table.drop(key)
+            self.stats.saves_failed += 1
+            log.warning("offload_failed", mm_hash=key)
+            return
+        self._table.mark_ready(key)
+        self.stats.saves_done += 1
+        self.stats.bytes_saved += pending.size_bytes
+        self._publish(EventKind.STORED, key, entry.rows)
+
+    def _finish_load(self, pending: _Pending) -> None:
+        self._table.unpin(pending.key)
+        if pending.failed:
+            self.stats.loads_failed += 1
+            log.warning("reload_failed", mm_hash=pending.key)
+        else:
+            self.stats.loads_done += 1
+            self.stats.bytes_loaded += pending.size_bytes
+
+    def _settle(self, expiry: Expiry) -> None:
+        for key in expiry.save_lapsed:
+            self.stats.save_leases_lapsed += 1
+            ticket = self._save_ticket.pop(key, None)
+            if ticket is not None:
+                self._pending.pop(ticket, None)
+            log.warning("offload_lease_lapsed", mm_hash=key)
+        self.stats.quarantines_settled += len(expiry.quarantines_settled)
+        for key in expiry.announcements_ended:
+            entry = self._table.get(key)
+            self._publish(EventKind.EXPIRED, key, entry.rows if entry else 0)
+
+    def _publish(self, kind: EventKind, key: str, rows: int) -> None:
+        size = rows * self._layout.block_size_bytes
+        self._events.publish(CacheEvent(kind, key, self._engine_id, size))

@@ -1,0 +1,103 @@
+"""The worker side of the local tier: run the step's copies and report their completion.
+
+Runs in every worker process (one per TP/PCP rank). Only the writer rank (TP0/PCP0) saves, since
+every rank computes the same encoder output; every rank loads. Completions go into the region's
+completion table, one report per rank, so the scheduler side sees them on every model runner.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, MutableMapping
+
+import structlog
+
+from ec_connector.domain.config import Role
+from ec_connector.domain.errors import LayoutMismatch
+from ec_connector.domain.transfers import Completion, PlannedCopy, SaveJob, StepPlan
+from ec_connector.ports.copier import Copier
+from ec_connector.ports.region import Region
+
+log = structlog.get_logger(__name__)
+
+
+class TierWorker:
+    """Worker-side use cases: start loads, queue and launch saves, post completions."""
+
+    def __init__(self, *, role: Role, rank: int, writer: bool, region: Region, copier: Copier) -> None:
+        self._role = role
+        self._rank = rank
+        self._writes = writer and role.saves
+        self._region = region
+        self._copier = copier
+        self._plan = StepPlan()
+        self._saves: dict[str, PlannedCopy] = {}
+        self._queued: list[SaveJob] = []
+
+    @property
+    def rank(self) -> int:
+        return self._rank
+
+    def bind(self, plan: StepPlan) -> None:
+        """Take this step's plan (saves are kept only on the writer rank)."""
+        self._plan = plan
+        self._saves = {c.key: c for c in plan.saves} if self._writes else {}
+
+    def start_loads(self, cache: MutableMapping[str, object]) -> None:
+        """Start every planned reload; put each new buffer into `cache` under its key."""
+        loads = self._plan.loads
+        if not loads or not self._role.loads:
+            return
+        try:
+            buffers = self._copier.load(loads)
+        except LayoutMismatch:
+            log.exception("reload_rejected", rank=self._rank, tickets=[c.ticket for c in loads])
+            for copy in loads:
+                self._report(copy.ticket, ok=False)
+            return
+        for copy, buffer in zip(loads, buffers, strict=True):
+            cache[copy.key] = buffer
+
+    def save(self, cache: Mapping[str, object], key: str) -> None:
+        """Queue the offload of `key` if this step planned it on this rank; a no-op otherwise."""
+        copy = self._saves.pop(key, None)
+        if copy is None:
+            return
+        payload = cache.get(key)
+        try:
+            if payload is None:
+                raise LayoutMismatch(f"encoder output {key!r} is not in the encoder cache")
+            self._copier.check(payload, copy.rows)
+        except LayoutMismatch as err:
+            log.warning("offload_rejected", mm_hash=key, reason=str(err))
+            self._report(copy.ticket, ok=False)
+            return
+        self._queued.append(SaveJob(copy, payload))
+
+    def flush(self) -> None:
+        """Launch the queued saves as one batch and report every copy that has ended."""
+        if self._queued:
+            batch, self._queued = self._queued, []
+            self._copier.save(batch)
+        for ticket in self._copier.poll():
+            self._report(ticket, ok=True)
+
+    def clear(self) -> None:
+        """End the step: launch what is queued; planned saves that never came are dropped."""
+        self.flush()
+        for copy in self._saves.values():
+            self._report(copy.ticket, ok=False)
+        self._plan = StepPlan()
+        self._saves = {}
+
+    def has_in_flight(self) -> bool:
+        return bool(self._queued) or self._copier.in_flight() > 0
+
+    def close(self) -> None:
+        """Finish what is in flight, report it, release the copier; idempotent."""
+        self.flush()
+        self._copier.close()
+        for ticket in self._copier.poll():
+            self._report(ticket, ok=True)
+
+    def _report(self, ticket: int, *, ok: bool) -> None:
+        self._region.post_completion(Completion(self._rank, ticket, ok))
