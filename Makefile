@@ -1,0 +1,30 @@
+# Two entry points: `make demo` and `make test`. Both create .venv with the pinned versions first.
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed-$(shell cat requirements/base.txt requirements/dev.txt pyproject.toml | sha1sum | cut -c1-12)
+
+.PHONY: demo test lint venv clean
+
+venv: $(STAMP)
+
+$(STAMP): requirements/base.txt requirements/dev.txt pyproject.toml
+	$(PY) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -r requirements/dev.txt
+	$(BIN)/python -m pip install -q --no-deps --no-build-isolation -e .
+	rm -f $(VENV)/.installed-*
+	touch $@
+
+demo: $(STAMP)
+	$(BIN)/ec-connector demo
+
+test: $(STAMP)
+	$(BIN)/python -m pytest
+
+lint: $(STAMP)
+	$(BIN)/ruff check ec_connector tests bench
+	$(BIN)/lint-imports
+
+clean:
+	rm -rf $(VENV) .pytest_cache .hypothesis build *.egg-info

@@ -1,0 +1,153 @@
+"""The composition root: the one place that chooses adapters and wires the services.
+
+Entry points (the vLLM facade, the CLI) fill `Container.settings` and ask for a service; nothing
+else imports dependency_injector. Heavy adapters are imported inside their factory functions, so
+local mode never imports nixl, zmq or msgspec, and the core never imports torch.
+
+Settings:
+    role, extra        ec_role and ec_connector_extra_config, validated by the domain
+    instance, dp_rank  region identity (engine_id when given, else vLLM's instance id)
+    hidden_dim, dtype  the model's encoder-output row
+    ranks, rank        workers of this instance (TP × PCP) and this worker's rank
+    writer             this worker writes saves (TP rank 0 and PCP rank 0)
+    participants, slot local processes mapping the region, and this one's index among them
+    tier               "shm" (real /dev/shm region) or "memory" (in-process fakes)
+    device             torch device of the copier ("cpu", "cuda:0"); "memory" for the fake copier
+    shm_dir            directory of the region files (default /dev/shm)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from dependency_injector import containers, providers
+
+from ec_connector.adapters.system import LogEventSink, SystemClock
+from ec_connector.application import TierScheduler, TierWorker
+from ec_connector.domain.config import ConnectorConfig, parse_config
+from ec_connector.domain.layout import Layout
+from ec_connector.ports.copier import Copier
+from ec_connector.ports.region import Region
+
+
+def _layout(config: ConnectorConfig, hidden_dim: int, dtype: str) -> Layout:
+    return Layout.for_budget(config.cpu_bytes, hidden_dim=hidden_dim, dtype=dtype)
+
+
+def _memory_region(layout: Layout, instance: str, dp_rank: int) -> Iterator[Region]:
+    from ec_connector.adapters.memory import MemoryRegion
+
+    region = MemoryRegion(layout, name=f"memory_{instance}_dp{dp_rank}")
+    yield region
+    region.close()
+
+
+def _shm_region(
+    layout: Layout,
+    instance: str,
+    dp_rank: int,
+    participants: int,
+    slot: int,
+    ranks: int,
+    shm_dir: str,
+) -> Iterator[Region]:
+    from ec_connector.adapters.shm import ShmRegion
+
+    region = ShmRegion.open(
+        instance=instance,
+        dp_rank=dp_rank,
+        layout=layout,
+        participants=participants,
+        slot=slot,
+        ranks=ranks,
+        shm_dir=shm_dir,
+    )
+    try:
+        yield region
+    finally:
+        region.close()
+
+
+def _copier(region: Region, device: str) -> Iterator[Copier]:
+    copier: Copier
+    if device == "memory":
+        from ec_connector.adapters.memory import MemoryCopier
+
+        copier = MemoryCopier(region)
+    else:
+        from ec_connector.adapters.torch_copy import TorchCopier
+
+        copier = TorchCopier(region, device=device)
+    try:
+        yield copier
+    finally:
+        copier.close()
+
+
+class Container(containers.DeclarativeContainer):
+    settings = providers.Configuration()
+
+    connector_config = providers.Singleton(parse_config, settings.extra, role=settings.role)
+    layout = providers.Singleton(
+        _layout, connector_config, hidden_dim=settings.hidden_dim, dtype=settings.dtype
+    )
+    clock = providers.Singleton(SystemClock)
+    events = providers.Singleton(LogEventSink)
+
+    region = providers.Selector(
+        settings.tier,
+        memory=providers.Resource(
+            _memory_region, layout, instance=settings.instance, dp_rank=settings.dp_rank
+        ),
+        shm=providers.Resource(
+            _shm_region,
+            layout,
+            instance=settings.instance,
+            dp_rank=settings.dp_rank,
+            participants=settings.participants,
+            slot=settings.slot,
+            ranks=settings.ranks,
+            shm_dir=settings.shm_dir,
+        ),
+    )
+    copier = providers.Resource(_copier, region, device=settings.device)
+
+    tier_scheduler = providers.Singleton(
+        TierScheduler,
+        config=connector_config,
+        region=region,
+        clock=clock,
+        events=events,
+        ranks=settings.ranks,
+        engine_id=settings.instance,
+    )
+    tier_worker = providers.Singleton(
+        TierWorker,
+        role=connector_config.provided.role,
+        rank=settings.rank,
+        writer=settings.writer,
+        region=region,
+        copier=copier,
+    )
+
+
+DEFAULTS: dict[str, object] = {
+    "instance": "default",
+    "dp_rank": 0,
+    "ranks": 1,
+    "rank": 0,
+    "writer": True,
+    "participants": 2,
+    "slot": 0,
+    "tier": "shm",
+    "device": "cpu",
+    "shm_dir": "/dev/shm",
+    "dtype": "bfloat16",
+}
+
+
+def build_container(**settings: object) -> Container:
+    """A container with `settings` over DEFAULTS; call `shutdown_resources()` when done."""
+    container = Container()
+    container.settings.from_dict({**DEFAULTS, **settings})
+    return container

@@ -1,0 +1,57 @@
+"""structlog configuration: explicit, idempotent, rendered through the standard library.
+
+Nothing is configured on import. `configure_logging()` renders each event to one line (logfmt, or
+JSON on request) and hands it to a stdlib logger, so the host process (vLLM) owns the handlers.
+Loggers are not cached on first use, so they survive pickling and new processes.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+
+import structlog
+
+_configured: tuple[bool, int] | None = None
+
+
+def configure_logging(*, json: bool = False, level: int | str = logging.INFO) -> None:
+    """Configure structlog for this process; calling again with the same arguments does nothing."""
+    global _configured
+    numeric = logging.getLevelName(level) if isinstance(level, str) else level
+    if not isinstance(numeric, int):
+        raise ValueError(f"log level {level!r} is not a logging level name")
+    if _configured == (json, numeric):
+        return
+    renderer = (
+        structlog.processors.JSONRenderer(sort_keys=True)
+        if json
+        else structlog.processors.LogfmtRenderer(key_order=["event"], drop_missing=True)
+    )
+    structlog.configure(
+        processors=[
+            structlog.contextvars.merge_contextvars,
+            structlog.stdlib.filter_by_level,
+            structlog.stdlib.add_logger_name,
+            structlog.stdlib.add_log_level,
+            structlog.processors.TimeStamper(fmt="iso", utc=True),
+            structlog.processors.StackInfoRenderer(),
+            structlog.processors.format_exc_info,
+            renderer,
+        ],
+        logger_factory=structlog.stdlib.LoggerFactory(),
+        wrapper_class=structlog.stdlib.BoundLogger,
+        cache_logger_on_first_use=False,
+    )
+    logging.getLogger("ec_connector").setLevel(numeric)
+    _configured = (json, numeric)
+
+
+def attach_stderr_handler() -> None:
+    """For our own entry points (the CLI): print ec_connector's lines to stderr, once."""
+    root = logging.getLogger("ec_connector")
+    if not any(getattr(h, "_ec_connector", False) for h in root.handlers):
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("%(message)s"))
+        handler._ec_connector = True  # type: ignore[attr-defined]
+        root.addHandler(handler)
