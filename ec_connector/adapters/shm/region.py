@@ -27,11 +27,8 @@ No torch here: each process pins its own mapping (cudaHostRegister) in the copie
 from __future__ import annotations
 
 import ctypes
-import errno
 import mmap
 import os
-import secrets
-import stat
 import sys
 import time
 from pathlib import Path
@@ -43,8 +40,9 @@ from ec_connector.domain.layout import Layout
 from ec_connector.domain.transfers import Completion
 
 from . import locks
-from .header import DEFAULT_RING_SLOTS, JOINED_WORD, PAGE, PID_TABLE_WORD, UNLINKED_BY_WORD, Geometry, Header
-from .naming import region_file_name, temp_file_name
+from .attach import attach
+from .header import DEFAULT_RING_SLOTS, JOINED_WORD, PID_TABLE_WORD, UNLINKED_BY_WORD, Geometry, Header
+from .naming import region_file_name
 from .reaper import DEFAULT_SHM_DIR, reap_orphans, unlink_if_same
 from .ring import CompletionRings
 
@@ -73,6 +71,7 @@ class ShmRegion:
         self._header = header
         self._slot = slot
         self._removed_name = False
+        self._owner_pid = os.getpid()
         flags = mmap.MAP_SHARED | (mmap.MAP_POPULATE if populate else 0)
         self._mm: mmap.mmap | None = mmap.mmap(
             fd, geometry.file_size, flags=flags, prot=mmap.PROT_READ | mmap.PROT_WRITE
@@ -121,7 +120,7 @@ class ShmRegion:
         path = Path(shm_dir) / name
         reap_orphans(shm_dir, name=name)
         expected = Header.for_region(layout, geometry, pid=os.getpid(), now_ns=time.time_ns())
-        fd = _attach(path, expected, deadline=time.monotonic() + join_timeout_s)
+        fd = attach(path, expected, deadline=time.monotonic() + join_timeout_s)
         try:
             region = cls(
                 path=path,
@@ -170,11 +169,19 @@ class ShmRegion:
         return self._rings.drain()
 
     def close(self) -> None:
-        """Unmap, release the locks, and remove the name if still linked and nobody else holds it."""
+        """Unmap, release the locks, and remove the name if still linked and nobody else holds it.
+
+        A handle belongs to the process that opened it: in a forked child, `close` only unmaps the
+        child's copy (the descriptor shares the parent's liveness lock). Open your own instead.
+        """
         if self._fd is None:
             return
         fd, self._fd = self._fd, None
         self._unmap()
+        if os.getpid() != self._owner_pid:
+            # a forked copy of this handle: its descriptor shares the owner's lock, leave both alone
+            os.close(fd)
+            return
         locks.release(fd)  # drop ours first, so two closers racing cannot both see the other's lock
         try:
             if locks.try_exclusive(fd) and unlink_if_same(self._path, os.fstat(fd)):
@@ -288,128 +295,3 @@ class ShmRegion:
         self._unmap()
         if fd is not None:
             os.close(fd)
-
-
-def _attach(path: Path, expected: Header, *, deadline: float) -> int:
-    """A descriptor of the published, validated region file at `path`, holding the liveness lock."""
-    while True:
-        fd = _create(path, expected)
-        if fd is None:
-            fd = _open_existing(path, expected)
-        if fd is not None:
-            return fd
-        if time.monotonic() > deadline:
-            raise RegionError(
-                f"could neither create nor join {path} before the join timeout: the file keeps "
-                "appearing and vanishing (is another engine starting and stopping with this name?)"
-            )
-        time.sleep(0.002)
-
-
-def _create(path: Path, header: Header) -> int | None:
-    """Create and publish the region file; None if the name already exists (join it instead)."""
-    staged = path.parent / temp_file_name(path.name, os.getpid(), secrets.token_hex(4))
-    try:
-        fd = os.open(staged, os.O_CREAT | os.O_EXCL | os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-    except OSError as err:
-        raise RegionError(f"cannot create region {path} (staged as {staged.name}): {err.strerror}") from err
-    try:
-        os.fchmod(fd, 0o600)  # the umask may only have narrowed it; make it exact
-        if not locks.hold_shared(fd):  # a reaper found the staging file in the instant before this
-            raise FileNotFoundError(errno.ENOENT, "staging file reaped")
-        _allocate(fd, path, header.file_size)
-        os.pwrite(fd, header.pack(), 0)
-        os.link(staged, path)  # atomic publish: fails if the name exists
-    except (FileExistsError, FileNotFoundError):
-        os.close(fd)
-        return None
-    except RegionError:
-        os.close(fd)
-        raise
-    except OSError as err:
-        os.close(fd)
-        raise RegionError(f"cannot create region {path}: {err.strerror}") from err
-    except BaseException:
-        os.close(fd)
-        raise
-    finally:
-        staged.unlink(missing_ok=True)
-    log.info(
-        "region_created",
-        path=str(path),
-        size_bytes=header.file_size,
-        participants=header.participants,
-        ranks=header.ranks,
-    )
-    return fd
-
-
-def _allocate(fd: int, path: Path, size: int) -> None:
-    try:
-        os.posix_fallocate(fd, 0, size)
-    except OSError as err:
-        try:
-            vfs = os.statvfs(path.parent)
-            free = f"{vfs.f_bavail * vfs.f_frsize} bytes are free"
-        except OSError:
-            free = "free space unknown"
-        raise RegionError(
-            f"cannot allocate {size} bytes for region {path} ({err.strerror}); {free} in "
-            f"{path.parent}: lower ec_cpu_bytes or enlarge {path.parent}"
-        ) from err
-
-
-def _open_existing(path: Path, expected: Header) -> int | None:
-    """The existing region file, checked and held; None if it vanished meanwhile (retry)."""
-    try:
-        fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-    except FileNotFoundError:
-        return None
-    except OSError as err:
-        raise RegionError(f"cannot open existing region {path}: {err.strerror}") from err
-    try:
-        st = os.fstat(fd)
-        _check_file(path, st)
-        if not locks.hold_shared(fd):
-            os.close(fd)
-            return None  # a reaper or a closer holds it exclusively: it is about to go
-        try:
-            current = os.lstat(path)
-        except FileNotFoundError:
-            current = None
-        if current is None or (current.st_dev, current.st_ino) != (st.st_dev, st.st_ino):
-            os.close(fd)
-            return None
-        _check_header(path, os.pread(fd, PAGE, 0), expected, st.st_size)
-    except BaseException:
-        os.close(fd)
-        raise
-    return fd
-
-
-def _check_file(path: Path, st: os.stat_result) -> None:
-    if not stat.S_ISREG(st.st_mode):
-        raise RegionError(f"{path} is not a regular file; remove it (it is not a region)")
-    if st.st_uid != os.getuid():
-        raise RegionError(
-            f"{path} is owned by uid {st.st_uid}, not by this process's uid {os.getuid()}; refusing "
-            "to share it: remove it or pick another engine_id"
-        )
-    if stat.S_IMODE(st.st_mode) != 0o600:
-        mode = stat.S_IMODE(st.st_mode)
-        raise RegionError(f"{path} has mode {mode:#o}, expected 0o600; refusing to use it")
-
-
-def _check_header(path: Path, raw: bytes, expected: Header, size: int) -> None:
-    found = Header.parse(raw)
-    if found is None:
-        raise RegionError(f"{path} does not start with a region header (bad magic); it is not a region")
-    problems = found.mismatches(expected)
-    if size != expected.file_size:
-        problems.append(f"size: file has {size} bytes, expected {expected.file_size}")
-    if problems:
-        raise RegionError(
-            f"{path} (created by pid {found.creator_pid}) does not match this engine's region: "
-            + "; ".join(problems)
-            + " — every participant must pass the same layout, ranks and participants"
-        )

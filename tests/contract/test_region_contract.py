@@ -1,0 +1,172 @@
+"""The Region port's contract, one set of test bodies run against every adapter.
+
+`region_factory` yields a function that makes regions of the adapter under test (closing them
+at teardown); reuse it from other contract suites by importing the fixtures from this module.
+"""
+
+from __future__ import annotations
+
+import shutil
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from ec_connector.adapters.memory import MemoryRegion
+from ec_connector.adapters.shm import REGION_GLOB, ShmRegion
+from ec_connector.domain.errors import RegionError
+from ec_connector.domain.layout import Layout
+from ec_connector.domain.transfers import Completion
+from ec_connector.ports.region import Region
+
+LAYOUT = Layout(hidden_dim=48, dtype="bfloat16", num_blocks=37)
+RANKS = 3
+
+RegionFactory = Callable[..., Region]
+
+
+@pytest.fixture
+def shm_dir() -> Iterator[Path]:
+    """A private directory on the real /dev/shm tmpfs; it must hold no region file at the end."""
+    path = Path("/dev/shm") / f"ec_test_{uuid.uuid4().hex[:12]}"
+    path.mkdir(mode=0o700)
+    try:
+        yield path
+        assert sorted(p.name for p in path.iterdir()) == [], "a test left region files behind"
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture(params=["memory", "shm"])
+def region_factory(request: pytest.FixtureRequest, shm_dir: Path) -> Iterator[RegionFactory]:
+    made: list[Region] = []
+
+    def make(layout: Layout = LAYOUT) -> Region:
+        region: Region
+        if request.param == "memory":
+            region = MemoryRegion(layout, name=f"memory-{len(made)}")
+        else:
+            region = ShmRegion.open(
+                instance=f"contract-{uuid.uuid4().hex[:8]}",
+                dp_rank=0,
+                layout=layout,
+                ranks=RANKS,
+                shm_dir=shm_dir,
+            )
+        made.append(region)
+        return region
+
+    yield make
+    for region in made:
+        region.close()
+    assert list(shm_dir.glob(REGION_GLOB)) == []
+
+
+@pytest.fixture
+def region(region_factory: RegionFactory) -> Region:
+    return region_factory()
+
+
+def test_region_reports_its_name_and_layout(region: Region) -> None:
+    assert region.layout == LAYOUT
+    assert isinstance(region.name, str) and region.name
+
+
+def test_data_is_exactly_the_layout_bytes_and_writable(region: Region) -> None:
+    view = region.data()
+    assert view.nbytes == len(view) == LAYOUT.data_bytes
+    assert not view.readonly
+    pattern = bytes(range(256)) * (LAYOUT.data_bytes // 256) + bytes(LAYOUT.data_bytes % 256)
+    view[:] = pattern
+    view.release()
+    again = region.data()
+    assert bytes(again) == pattern
+    again.release()
+
+
+def test_writes_to_one_block_leave_the_others_alone(region: Region) -> None:
+    b = LAYOUT.block_size_bytes
+    view = region.data()
+    view[:] = bytes(LAYOUT.data_bytes)
+    view[5 * b : 6 * b] = b"\xab" * b
+    assert bytes(view[4 * b : 5 * b]) == bytes(b)
+    assert bytes(view[5 * b : 6 * b]) == b"\xab" * b
+    assert bytes(view[6 * b : 7 * b]) == bytes(b)
+    view.release()
+
+
+def test_completions_are_drained_once_in_posting_order_per_rank(region: Region) -> None:
+    posted = [
+        Completion(0, 1),
+        Completion(2, 10),
+        Completion(0, 2),
+        Completion(1, 5),
+        Completion(0, 3),
+        Completion(2, 11),
+    ]
+    for c in posted:
+        region.post_completion(c)
+    drained = region.drain_completions()
+
+    def key(c: Completion) -> tuple[int, int]:
+        return c.rank, c.ticket
+
+    assert sorted(drained, key=key) == sorted(posted, key=key)
+    for rank in range(RANKS):
+        assert [c for c in drained if c.rank == rank] == [c for c in posted if c.rank == rank]
+    assert region.drain_completions() == []
+
+
+def test_failure_flag_and_largest_ticket_survive_the_round_trip(region: Region) -> None:
+    region.post_completion(Completion(1, 7, ok=False))
+    region.post_completion(Completion(1, 2**62 - 1, ok=True))
+    region.post_completion(Completion(0, 2**62 - 1, ok=False))
+    drained = region.drain_completions()
+    assert [c for c in drained if c.rank == 1] == [
+        Completion(1, 7, ok=False),
+        Completion(1, 2**62 - 1, ok=True),
+    ]
+    assert [c for c in drained if c.rank == 0] == [Completion(0, 2**62 - 1, ok=False)]
+
+
+def test_many_completions_drained_in_rounds_each_once(region: Region) -> None:
+    expected: list[Completion] = []
+    got: list[Completion] = []
+    ticket = 1
+    for _ in range(4):  # 4 × 1500 posts on rank 0 wraps a 4096-slot ring
+        for _ in range(1500):
+            c = Completion(0, ticket, ok=ticket % 7 != 0)
+            region.post_completion(c)
+            expected.append(c)
+            ticket += 1
+        got.extend(region.drain_completions())
+    assert got == expected
+
+
+def test_close_is_idempotent(region: Region) -> None:
+    region.close()
+    region.close()
+
+
+def test_closed_region_refuses_data_and_posts_and_drains_nothing(region: Region) -> None:
+    region.post_completion(Completion(0, 1))
+    region.close()
+    with pytest.raises(RegionError):
+        region.data()
+    with pytest.raises(RegionError):
+        region.post_completion(Completion(0, 2))
+    assert region.drain_completions() == []
+
+
+def test_regions_made_by_the_factory_are_independent(region_factory: RegionFactory) -> None:
+    a, b = region_factory(), region_factory()
+    va, vb = a.data(), b.data()
+    va[:4] = b"AAAA"
+    vb[:4] = b"BBBB"
+    assert bytes(va[:4]) == b"AAAA"
+    va.release()
+    vb.release()
+    a.post_completion(Completion(0, 1))
+    assert b.drain_completions() == []
+    assert a.drain_completions() == [Completion(0, 1)]
