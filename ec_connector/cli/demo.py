@@ -84,7 +84,7 @@ def run_demo(args: argparse.Namespace) -> int:
         tier="shm",
         device="cpu",
         shm_dir=args.shm_dir,
-        participants=2,
+        participants=1,
     )
     scheduler = container.tier_scheduler()
     worker = container.tier_worker()

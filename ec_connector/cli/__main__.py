@@ -1,0 +1,5 @@
+import sys
+
+from ec_connector.cli import main
+
+sys.exit(main())
