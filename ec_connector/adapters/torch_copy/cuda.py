@@ -17,9 +17,10 @@ from itertools import accumulate
 
 import torch
 
+from ec_connector.adapters.torch_copy import hostmem
 from ec_connector.adapters.torch_copy.cpu import release_view
-from ec_connector.adapters.torch_copy.hostmem import HostRegistration, device_view
 from ec_connector.adapters.torch_copy.plan import CopyTiming, Runs
+from ec_connector.domain.errors import RegionError
 from ec_connector.ports.region import Region
 
 _WORD_DTYPES = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
@@ -33,6 +34,7 @@ class _Slot:
         self.pinned = torch.empty(3 * runs, dtype=torch.int64, pin_memory=True)
         self.device = torch.empty(3 * runs, dtype=torch.int64, device=device)
         self.address = self.pinned.data_ptr()
+        self.staged = 0
 
 
 @dataclass(slots=True)
@@ -42,7 +44,7 @@ class _Batch:
     nbytes: int
     start: torch.cuda.Event
     end: torch.cuda.Event
-    slot: _Slot
+    slot: _Slot | None
     keep: tuple[torch.Tensor, ...]
 
 
@@ -71,11 +73,18 @@ class CudaEngine:
         self._num_warps = num_warps
         self._view: memoryview | None = region.data()
         self._host: torch.Tensor | None = torch.frombuffer(self._view, dtype=torch.uint8)
-        self._registration = HostRegistration(self._host.data_ptr(), lay.data_bytes, device, name=region.name)
+        address = self._host.data_ptr()
+        declared = getattr(region, "data_address", None)
+        if callable(declared) and declared() != address:
+            raise RegionError(
+                f"region {region.name!r} says its data starts at {declared():#x} but its data() view "
+                f"starts at {address:#x}; the region adapter is inconsistent"
+            )
+        self._registration = hostmem.acquire(address, lay.data_bytes, device, name=region.name)
         try:
-            self._region = device_view(self._registration.device_address, lay.data_bytes, device)
+            self._region = hostmem.device_view(self._registration.device_address, lay.data_bytes, device)
         except Exception:
-            self._registration.close()
+            hostmem.release(self._registration)
             raise
         self._region_words: dict[int, torch.Tensor] = {}
         self._base_align = self._row_bytes | self._registration.device_address
@@ -88,6 +97,7 @@ class CudaEngine:
         self._events: list[tuple[torch.cuda.Event, torch.cuda.Event]] = []
         self._slots: list[_Slot] = []
         self._timings: list[CopyTiming] = []
+        self._no_table = torch.zeros(3, dtype=torch.int64, device=device)
         self._warmup()
 
     # -- the two directions -------------------------------------------------------------------
@@ -100,27 +110,30 @@ class CudaEngine:
         for ptr in pointers:
             align |= ptr
         word, vec = _word(align)
-        row_words = self._row_bytes // word
-        base = pointers[0]
-        deltas: list[int] = []
-        first = 0
-        for ptr, rows, count in zip(pointers, runs.rows, runs.counts, strict=True):
-            deltas += [(ptr - base) // word - first * row_words] * count
-            first += rows
-        slot, staged = self._stage(runs, deltas)
-        stream = self._next(self._save_streams)
         dense = sources[0].view(_WORD_DTYPES[word])
-        start, end = self._launch(caller, stream, slot, staged, runs, dense, word, vec, save=True)
+        if len(sources) == 1 and len(runs.starts) <= self._kernels.INLINE_RUNS:
+            slot = None
+        else:
+            row_words = self._row_bytes // word
+            base = pointers[0]
+            deltas: list[int] = []
+            first = 0
+            for ptr, rows, count in zip(pointers, runs.rows, runs.counts, strict=True):
+                deltas += [(ptr - base) // word - first * row_words] * count
+                first += rows
+            slot = self._stage(runs, deltas)
+        stream = self._next(self._save_streams)
+        start, end = self._launch(caller, stream, slot, runs, dense, word, vec, save=True)
         self._track("save", runs, start, end, slot, sources)
 
     def load(self, runs: Runs) -> tuple[torch.Tensor, ...]:
         caller = torch.cuda.current_stream(self._device)
         out = torch.empty((runs.total_rows, self._width), dtype=self._dtype, device=self._device)
         word, vec = _word(self._base_align)
-        slot, staged = self._stage(runs, None)
+        slot = None if len(runs.starts) <= self._kernels.INLINE_RUNS else self._stage(runs, None)
         stream = self._next(self._load_streams)
         dense = out.view(_WORD_DTYPES[word])
-        start, end = self._launch(caller, stream, slot, staged, runs, dense, word, vec, save=False)
+        start, end = self._launch(caller, stream, slot, runs, dense, word, vec, save=False)
         out.record_stream(stream)
         caller.wait_event(end)
         self._track("load", runs, start, end, slot, ())
@@ -158,7 +171,7 @@ class CudaEngine:
         self._events = []
         self._region_words = {}
         del self._region
-        self._registration.close()
+        hostmem.release(self._registration)
         self._host = None
         if self._view is not None:
             release_view(self._view)
@@ -171,8 +184,8 @@ class CudaEngine:
         self._turn += 1
         return streams[self._turn % len(streams)]
 
-    def _stage(self, runs: Runs, deltas: list[int] | None) -> tuple[_Slot, int]:
-        """Write the run table into a free slot's pinned buffer; returns the slot and int64 count."""
+    def _stage(self, runs: Runs, deltas: list[int] | None) -> _Slot:
+        """Write the run table into a free slot's pinned buffer (`staged` int64 values)."""
         slot = self._take_slot(len(runs.starts))
         table = array("q", accumulate(runs.lengths, initial=0))
         table.pop()
@@ -181,14 +194,14 @@ class CudaEngine:
             table.extend(deltas)
         address, count = table.buffer_info()
         ctypes.memmove(slot.address, address, count * table.itemsize)
-        return slot, count
+        slot.staged = count
+        return slot
 
     def _launch(
         self,
         caller: torch.cuda.Stream,
         stream: torch.cuda.Stream,
-        slot: _Slot,
-        staged: int,
+        slot: _Slot | None,
         runs: Runs,
         dense: torch.Tensor,
         word: int,
@@ -196,24 +209,32 @@ class CudaEngine:
         *,
         save: bool,
     ) -> tuple[torch.cuda.Event, torch.cuda.Event]:
-        """Queue fence wait, start event, table upload, kernel and end event on `stream`."""
+        """Queue fence wait, start event, table upload (unless inline), kernel, end event on `stream`."""
         start, end = self._events.pop() if self._events else _event_pair()
+        row_words = self._row_bytes // word
+        if slot is None:
+            inline = self._kernels.inline_runs(runs.starts, runs.lengths, runs.total_rows)
+            table = self._no_table
+        else:
+            inline = None
+            table = slot.device
         self._fence.record(caller)
         stream.wait_event(self._fence)
         torch.cuda.set_stream(stream)
         try:
             start.record(stream)
-            slot.device[:staged].copy_(slot.pinned[:staged], non_blocking=True)
-            row_words = self._row_bytes // word
+            if slot is not None:
+                slot.device[: slot.staged].copy_(slot.pinned[: slot.staged], non_blocking=True)
             self._kernels.copy_runs(
                 self._words(word),
                 dense,
-                slot.device,
+                table,
                 n_runs=len(runs.starts),
                 total_rows=runs.total_rows,
                 row_words=row_words,
+                inline=inline,
                 save=save,
-                delta=save,
+                delta=save and slot is not None,
                 vec=vec,
                 block=self._kernels.tile(row_words, word, self._tile_bytes),
                 num_warps=self._num_warps,
@@ -229,7 +250,7 @@ class CudaEngine:
         runs: Runs,
         start: torch.cuda.Event,
         end: torch.cuda.Event,
-        slot: _Slot,
+        slot: _Slot | None,
         keep: tuple[torch.Tensor, ...],
     ) -> None:
         nbytes = runs.total_rows * self._row_bytes
@@ -239,7 +260,8 @@ class CudaEngine:
         seconds = batch.start.elapsed_time(batch.end) / 1e3
         self._timings.append(CopyTiming(batch.direction, tuple(batch.tickets), batch.nbytes, seconds))
         self._events.append((batch.start, batch.end))
-        self._slots.append(batch.slot)
+        if batch.slot is not None:
+            self._slots.append(batch.slot)
 
     def _take_slot(self, runs: int) -> _Slot:
         for i, slot in enumerate(self._slots):
@@ -256,21 +278,18 @@ class CudaEngine:
     def _warmup(self) -> None:
         word, vec = _word(self._base_align | 16)
         row_words = self._row_bytes // word
-        slot = self._take_slot(1)
-        slot.device.zero_()
         dense = torch.empty(16, dtype=_WORD_DTYPES[word], device=self._device)
         with torch.cuda.device(self._device):
             self._kernels.warmup(
                 self._words(word),
                 dense,
-                slot.device,
+                self._no_table,
                 row_words=row_words,
                 vec=vec,
                 block=self._kernels.tile(row_words, word, self._tile_bytes),
                 num_warps=self._num_warps,
             )
             torch.cuda.current_stream(self._device).synchronize()
-        self._slots.append(slot)
 
 
 def _word(align: int) -> tuple[int, int]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import threading
 from typing import Any
 
 import torch
@@ -50,8 +51,9 @@ def _runtime_library() -> ctypes.CDLL | None:
 class HostRegistration:
     """This process's registration of `[address, address + nbytes)` as mapped, portable memory.
 
-    If the range is already registered (by another copier of this process, say), it is used as it
-    is and left registered at close. `device_address` is where kernels reach the bytes.
+    If the range is already registered by someone else, it is used as it is and left registered
+    at close (`owned` is False). `device_address` is where kernels reach the bytes. Copiers share
+    registrations through `acquire`/`release` rather than building these directly.
     """
 
     def __init__(self, address: int, nbytes: int, device: torch.device, *, name: str) -> None:
@@ -80,6 +82,10 @@ class HostRegistration:
                 f"region {name!r} is only partly registered with CUDA (another registration overlaps "
                 "it); give each region its own page-aligned mapping"
             )
+
+    @property
+    def owned(self) -> bool:
+        return self._owned
 
     def close(self) -> None:
         """Unregister if this object registered the range; idempotent."""
@@ -117,6 +123,33 @@ class HostRegistration:
             text = self._lib.cudaGetErrorString(err)
             return f"error {err} ({text.decode() if text else '?'})"
         return f"error {err}"
+
+
+_shared: dict[tuple[int, int], list[Any]] = {}  # (address, nbytes) -> [registration, users]
+_shared_lock = threading.Lock()
+
+
+def acquire(address: int, nbytes: int, device: torch.device, *, name: str) -> HostRegistration:
+    """The process's registration of the range, made on first use; pair each call with `release`."""
+    with _shared_lock:
+        entry = _shared.get((address, nbytes))
+        if entry is None:
+            entry = _shared[(address, nbytes)] = [HostRegistration(address, nbytes, device, name=name), 0]
+        entry[1] += 1
+        return entry[0]
+
+
+def release(registration: HostRegistration) -> None:
+    """Drop one use; the last user's release unregisters the range."""
+    key = (registration.address, registration.nbytes)
+    with _shared_lock:
+        entry = _shared.get(key)
+        if entry is None or entry[0] is not registration:
+            return
+        entry[1] -= 1
+        if entry[1] == 0:
+            del _shared[key]
+            registration.close()
 
 
 def _code(result: Any) -> int:

@@ -7,6 +7,9 @@ The host stages only the run table of the batch, three int64 columns of `n_runs`
     delta[i]  word offset added to `row * row_words` on the dense side (saves: it points the rows
               of each entry at that entry's own tensor; loads use one tensor and no delta)
 
+Batches of at most four runs into one tensor (a load, or a save of one entry) pass the runs as
+kernel arguments instead, which saves the table upload (a few µs that matter for small entries).
+
 Each program copies a `BLOCK_R × BLOCK_C` tile of (dense row, word) pairs: it finds each row's run
 by binary search over `first` (a few cached loads), then moves the tile with 16-byte accesses where
 alignment allows (VEC words per access). The region side is its mapped (UVA) device address, so the
@@ -18,8 +21,11 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+INLINE_RUNS = 4
+_INLINE_ARGS = ["f1", "f2", "f3", "s0", "s1", "s2", "s3"]
 
-@triton.jit(do_not_specialize=["n_runs", "total_rows", "top", "nsteps"])
+
+@triton.jit(do_not_specialize=["n_runs", "total_rows", "top", "nsteps", *_INLINE_ARGS])
 def _copy_runs(
     host,
     dense,
@@ -29,8 +35,16 @@ def _copy_runs(
     top,
     nsteps,
     row_words,
+    f1,
+    f2,
+    f3,
+    s0,
+    s1,
+    s2,
+    s3,
     SAVE: tl.constexpr,
     DELTA: tl.constexpr,
+    INLINE: tl.constexpr,
     VEC: tl.constexpr,
     BLOCK_R: tl.constexpr,
     BLOCK_C: tl.constexpr,
@@ -38,15 +52,20 @@ def _copy_runs(
     rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
     rmask = rows < total_rows
     rows64 = rows.to(tl.int64)
-    run = tl.zeros([BLOCK_R], dtype=tl.int32)
-    step = top
-    for _ in range(nsteps):
-        cand = run + step
-        first = tl.load(table + cand, mask=rmask & (cand < n_runs), other=total_rows)
-        run = tl.where(first <= rows64, cand, run)
-        step = step // 2
-    first = tl.load(table + run, mask=rmask, other=0)
-    start = tl.load(table + n_runs + run, mask=rmask, other=0)
+    if INLINE:
+        # up to four runs passed as arguments: no table, no upload (small batches)
+        first = tl.where(rows >= f3, f3, tl.where(rows >= f2, f2, tl.where(rows >= f1, f1, 0))).to(tl.int64)
+        start = tl.where(rows >= f3, s3, tl.where(rows >= f2, s2, tl.where(rows >= f1, s1, s0))).to(tl.int64)
+    else:
+        run = tl.zeros([BLOCK_R], dtype=tl.int32)
+        step = top
+        for _ in range(nsteps):
+            cand = run + step
+            first = tl.load(table + cand, mask=rmask & (cand < n_runs), other=total_rows)
+            run = tl.where(first <= rows64, cand, run)
+            step = step // 2
+        first = tl.load(table + run, mask=rmask, other=0)
+        start = tl.load(table + n_runs + run, mask=rmask, other=0)
     hoff = (start + rows64 - first) * row_words
     doff = rows64 * row_words
     if DELTA:
@@ -80,13 +99,18 @@ def copy_runs(
     n_runs: int,
     total_rows: int,
     row_words: int,
+    inline: tuple[int, ...] | None,
     save: bool,
     delta: bool,
     vec: int,
     block: tuple[int, int],
     num_warps: int,
 ) -> None:
-    """Launch the batch copy on the current stream (`host`, `dense`: word-typed tensors)."""
+    """Launch the batch copy on the current stream (`host`, `dense`: word-typed tensors).
+
+    `inline` = (f1, f2, f3, s0, s1, s2, s3): the first dense row and region block of up to four runs
+    (unused runs: f = total_rows); then `table` is not read and `delta` must be False.
+    """
     if total_rows == 0:
         return
     nsteps = (n_runs - 1).bit_length()
@@ -102,13 +126,27 @@ def copy_runs(
         top,
         nsteps,
         row_words,
+        *(inline or _NO_INLINE),
         SAVE=save,
         DELTA=delta,
+        INLINE=inline is not None,
         VEC=vec,
         BLOCK_R=block_r,
         BLOCK_C=block_c,
         num_warps=num_warps,
     )
+
+
+def inline_runs(starts: list[int], lengths: list[int], total_rows: int) -> tuple[int, ...]:
+    """The `inline` argument for at most INLINE_RUNS runs."""
+    firsts = [0]
+    for n in lengths[:-1]:
+        firsts.append(firsts[-1] + n)
+    pad = INLINE_RUNS - len(starts)
+    return (*firsts[1:], *[total_rows] * pad, *starts, *[0] * pad)
+
+
+_NO_INLINE = (0,) * len(_INLINE_ARGS)
 
 
 def warmup(
@@ -121,8 +159,13 @@ def warmup(
     block: tuple[int, int],
     num_warps: int,
 ) -> None:
-    """Compile both directions now (an all-masked launch), not on the engine's first step."""
-    for save in (True, False):
+    """Compile every variant the engine launches now (all-masked launches), not on a first step."""
+    for save, delta, inline in (
+        (True, True, False),
+        (True, False, True),
+        (False, False, False),
+        (False, False, True),
+    ):
         _copy_runs[(1, 1)](
             host,
             dense,
@@ -132,8 +175,10 @@ def warmup(
             0,
             0,
             row_words,
+            *_NO_INLINE,
             SAVE=save,
-            DELTA=save,
+            DELTA=delta,
+            INLINE=inline,
             VEC=vec,
             BLOCK_R=block[0],
             BLOCK_C=block[1],

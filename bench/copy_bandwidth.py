@@ -1,0 +1,513 @@
+"""Copy bandwidth of `TorchCopier` beside a contiguous pinned memcpy of the same bytes, in one run.
+
+For rows of 2, 7 and 32 KiB (bf16 widths 1024, 3584, 16384), entries of 64 rows, 1, 8 and 16 MiB,
+placed contiguously, by the project's allocator after random alloc/free churn ("churn"), or as
+random runs of 1-16 blocks ("runs1-16"), and batches of 1 and 32 entries: save and load GB/s
+(device time between the copier's own start/end events), the same bytes through one contiguous
+pinned `cudaMemcpyAsync` measured alternately in the same process, the ratio, and the host time of
+the `save`/`load` call (what the engine's step thread pays). Every copy's bytes are verified.
+
+    python bench/copy_bandwidth.py                 # CUDA if present, else CPU
+    python bench/copy_bandwidth.py --quick         # a short run
+    python bench/copy_bandwidth.py --alternatives  # also per-run memcpy and UVA index_copy_/index_select
+
+On CPU the copier's numbers are wall times of its synchronous copies, beside a contiguous copy_.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import random
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from ec_connector.adapters.memory import MemoryRegion  # noqa: E402
+from ec_connector.adapters.torch_copy import TorchCopier  # noqa: E402
+from ec_connector.domain.blocks import Extent, ExtentAllocator  # noqa: E402
+from ec_connector.domain.layout import Layout  # noqa: E402
+from ec_connector.domain.transfers import PlannedCopy, SaveJob  # noqa: E402
+
+MiB = 1 << 20
+WIDTHS = (1024, 3584, 16384)
+ENTRIES = ("64rows", "1MiB", "8MiB", "16MiB")
+LAYOUTS = ("contiguous", "churn", "runs1-16")
+BATCHES = (1, 32)
+
+
+@dataclass
+class Row:
+    width: int
+    row_kib: float
+    entry: str
+    layout: str
+    batch: int
+    runs_per_entry: float
+    mib: float
+    save_gbs: float
+    memcpy_d2h_gbs: float
+    load_gbs: float
+    memcpy_h2d_gbs: float
+    save_host_us: float
+    load_host_us: float
+
+    @property
+    def save_ratio(self) -> float:
+        return self.save_gbs / self.memcpy_d2h_gbs
+
+    @property
+    def load_ratio(self) -> float:
+        return self.load_gbs / self.memcpy_h2d_gbs
+
+
+# -- placements --------------------------------------------------------------------------------
+
+
+def entry_rows(entry: str, row_bytes: int) -> int:
+    return 64 if entry == "64rows" else max(1, int(entry.removesuffix("MiB")) * MiB // row_bytes)
+
+
+def contiguous(num_blocks: int, rows: int, count: int, rng: random.Random) -> list[tuple[Extent, ...]]:
+    return [(Extent(i * rows, rows),) for i in range(count)]
+
+
+def churn(num_blocks: int, rows: int, count: int, rng: random.Random) -> list[tuple[Extent, ...]]:
+    """Fill the region with random-sized entries, free random ones until the batch fits, allocate it."""
+    alloc = ExtentAllocator(num_blocks)
+    live = []
+    while True:
+        got = alloc.allocate(rng.randint(max(1, rows // 4), 2 * rows))
+        if got is None:
+            break
+        live.append(got)
+    rng.shuffle(live)
+    for _ in range(2):  # two rounds of churn mix the free space
+        while alloc.free_blocks < rows * count * 1.2 and live:
+            alloc.release(live.pop())
+        for _ in range(len(live) // 4):
+            got = alloc.allocate(rng.randint(max(1, rows // 4), 2 * rows))
+            if got is not None:
+                live.insert(rng.randrange(len(live) + 1), got)
+    while alloc.free_blocks < rows * count:
+        alloc.release(live.pop())
+    out = []
+    for _ in range(count):
+        got = alloc.allocate(rows)
+        assert got is not None
+        out.append(got)
+    return out
+
+
+def scattered(num_blocks: int, rows: int, count: int, rng: random.Random) -> list[tuple[Extent, ...]]:
+    """Cut the region into runs of 1-16 blocks, shuffle them, deal them out to the entries."""
+    chunks, pos = [], 0
+    while pos < num_blocks:
+        n = min(rng.randint(1, 16), num_blocks - pos)
+        chunks.append((pos, n))
+        pos += n
+    rng.shuffle(chunks)
+    it = iter(chunks)
+    out = []
+    for _ in range(count):
+        need, ext = rows, []
+        while need:
+            s, n = next(it)
+            n = min(n, need)
+            ext.append(Extent(s, n))
+            need -= n
+        out.append(tuple(ext))
+    return out
+
+
+PLACE: dict[str, Callable[[int, int, int, random.Random], list[tuple[Extent, ...]]]] = {
+    "contiguous": contiguous,
+    "churn": churn,
+    "runs1-16": scattered,
+}
+
+
+# -- one device's clock and baseline ---------------------------------------------------------
+
+
+class Device:
+    def __init__(self, name: str) -> None:
+        self.cuda = name.startswith("cuda")
+        self.device = torch.device(name)
+        self._pinned = torch.empty(0, dtype=torch.uint8)
+        self._dev = torch.empty(0, dtype=torch.uint8, device=self.device)
+        if self.cuda:
+            self.stream = torch.cuda.Stream(self.device)
+            self.e0 = torch.cuda.Event(enable_timing=True)
+            self.e1 = torch.cuda.Event(enable_timing=True)
+
+    def sync(self) -> None:
+        if self.cuda:
+            torch.cuda.synchronize(self.device)
+
+    def buffers(self, nbytes: int) -> tuple[torch.Tensor, torch.Tensor]:
+        if self._pinned.numel() < nbytes:
+            self._pinned = torch.empty(nbytes, dtype=torch.uint8, pin_memory=self.cuda)
+            self._dev = torch.empty(nbytes, dtype=torch.uint8, device=self.device)
+            self._dev.random_(0, 256)
+            self._pinned.random_(0, 256)
+        return self._pinned[:nbytes], self._dev[:nbytes]
+
+    def memcpy(self, dst: torch.Tensor, src: torch.Tensor) -> float:
+        """Seconds for one contiguous copy (events on CUDA, wall clock on CPU)."""
+        if not self.cuda:
+            t0 = time.perf_counter()
+            dst.copy_(src)
+            return time.perf_counter() - t0
+        with torch.cuda.stream(self.stream):
+            self.e0.record()
+            dst.copy_(src, non_blocking=True)
+            self.e1.record()
+        self.e1.synchronize()
+        return self.e0.elapsed_time(self.e1) / 1e3
+
+
+def random_rows(rows: int, width: int, device: torch.device, gen: torch.Generator) -> torch.Tensor:
+    raw = torch.randint(-(1 << 15), 1 << 15, (rows, width), dtype=torch.int16, generator=gen)
+    return raw.view(torch.bfloat16).to(device)
+
+
+def as_bytes(t: torch.Tensor) -> torch.Tensor:
+    return t.contiguous().view(torch.uint8).reshape(t.shape[0], -1)
+
+
+# -- the measurement -----------------------------------------------------------------------------
+
+
+class Bench:
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+        self.dev = Device(args.device)
+        self.tickets = itertools.count(1)
+        self.rows: list[Row] = []
+        self.alternatives: list[dict[str, object]] = []
+
+    def run_width(self, width: int, entries: tuple[str, ...], layouts: tuple[str, ...]) -> None:
+        args, dev = self.args, self.dev
+        row_bytes = width * 2
+        largest = max(entry_rows(e, row_bytes) for e in entries) * max(args.batches)
+        num_blocks = int(largest * 2.2) + 64
+        region = MemoryRegion(Layout(hidden_dim=width, dtype="bfloat16", num_blocks=num_blocks), name="bench")
+        t0 = time.perf_counter()
+        copier = TorchCopier(region, device=dev.device, tile_bytes=args.tile_bytes, num_warps=args.num_warps)
+        print(
+            f"# width {width} ({row_bytes / 1024:g} KiB rows): region "
+            f"{num_blocks * row_bytes / MiB:.0f} MiB, copier ready in {time.perf_counter() - t0:.2f}s",
+            flush=True,
+        )
+        host_rows = torch.frombuffer(region.data(), dtype=torch.uint8).view(num_blocks, row_bytes)
+        if dev.cuda:
+            from ec_connector.adapters.torch_copy import hostmem
+
+            reg = hostmem.acquire(host_rows.data_ptr(), num_blocks * row_bytes, dev.device, name="bench")
+            check_rows = hostmem.device_view(reg.device_address, num_blocks * row_bytes, dev.device)
+            check_rows = check_rows.view(num_blocks, row_bytes)
+        else:
+            reg, check_rows = None, host_rows
+        gen = torch.Generator().manual_seed(width)
+        rng = random.Random(width)
+        try:
+            for entry, layout, batch in itertools.product(entries, layouts, args.batches):
+                rows = entry_rows(entry, row_bytes)
+                placement = PLACE[layout](num_blocks, rows, batch, rng)
+                self.measure(copier, check_rows, host_rows, width, entry, layout, rows, placement, gen)
+        finally:
+            del check_rows
+            if reg is not None:
+                hostmem.release(reg)
+            copier.close()
+            del host_rows
+            region.close()
+
+    def measure(
+        self,
+        copier: TorchCopier,
+        check_rows: torch.Tensor,
+        host_rows: torch.Tensor,
+        width: int,
+        entry: str,
+        layout: str,
+        rows: int,
+        placement: list[tuple[Extent, ...]],
+        gen: torch.Generator,
+    ) -> None:
+        dev, reps = self.dev, self.args.reps
+        row_bytes = width * 2
+        batch = len(placement)
+        nbytes = rows * row_bytes * batch
+        sets = [[random_rows(rows, width, dev.device, gen) for _ in placement] for _ in range(2)]
+        expected = [torch.cat([as_bytes(p) for p in s]) for s in sets]
+        index = torch.tensor(
+            [b for ext in placement for e in ext for b in range(e.start, e.end)], dtype=torch.int64
+        ).to(dev.device)
+        pinned, devbuf = dev.buffers(nbytes)
+        save_s, load_s, d2h_s, h2d_s, save_host, load_host = [], [], [], [], [], []
+        for rep in range(reps + 1):  # the first round warms up and is not counted
+            which = rep % 2
+            d2h = dev.memcpy(pinned, devbuf)
+            copies = [PlannedCopy(next(self.tickets), f"e{i}", ext, rows) for i, ext in enumerate(placement)]
+            jobs = [SaveJob(c, p) for c, p in zip(copies, sets[which], strict=True)]
+            dev.sync()
+            t0 = time.perf_counter()
+            copier.save(jobs)
+            t_save = time.perf_counter() - t0
+            save_dev = self.finish(copier, copies)
+            if not torch.equal(check_rows.index_select(0, index), expected[which]):
+                raise SystemExit(f"save bytes differ: width {width} {entry} {layout} batch {batch}")
+            h2d = dev.memcpy(devbuf, pinned)
+            loads = [PlannedCopy(next(self.tickets), f"e{i}", ext, rows) for i, ext in enumerate(placement)]
+            dev.sync()
+            t0 = time.perf_counter()
+            out = copier.load(loads)
+            t_load = time.perf_counter() - t0
+            load_dev = self.finish(copier, loads)
+            if not torch.equal(torch.cat([as_bytes(o) for o in out]), expected[which]):
+                raise SystemExit(f"load bytes differ: width {width} {entry} {layout} batch {batch}")
+            del out
+            if rep:
+                save_s.append(save_dev)
+                load_s.append(load_dev)
+                d2h_s.append(d2h)
+                h2d_s.append(h2d)
+                save_host.append(t_save)
+                load_host.append(t_load)
+        med = statistics.median
+        row = Row(
+            width=width,
+            row_kib=row_bytes / 1024,
+            entry=entry,
+            layout=layout,
+            batch=batch,
+            runs_per_entry=sum(len(p) for p in placement) / batch,
+            mib=nbytes / MiB,
+            save_gbs=nbytes / med(save_s) / 1e9,
+            memcpy_d2h_gbs=nbytes / med(d2h_s) / 1e9,
+            load_gbs=nbytes / med(load_s) / 1e9,
+            memcpy_h2d_gbs=nbytes / med(h2d_s) / 1e9,
+            save_host_us=med(save_host) * 1e6,
+            load_host_us=med(load_host) * 1e6,
+        )
+        self.rows.append(row)
+        print(format_row(row), flush=True)
+        if self.args.alternatives and dev.cuda and layout != "contiguous":
+            self.measure_alternatives(check_rows, host_rows, row, placement, expected[0], index)
+
+    def finish(self, copier: TorchCopier, copies: list[PlannedCopy]) -> float:
+        """Wait for the batch, check poll reports exactly its tickets, return its timed seconds."""
+        self.dev.sync()
+        done: list[int] = []
+        deadline = time.monotonic() + 60
+        while copier.in_flight():
+            done += copier.poll()
+            assert time.monotonic() < deadline, "copies never completed"
+        assert sorted(done) == sorted(c.ticket for c in copies), "poll did not report the batch"
+        timings = copier.drain_timings()
+        return sum(t.seconds for t in timings)
+
+    def measure_alternatives(
+        self,
+        check_rows: torch.Tensor,
+        host_rows: torch.Tensor,
+        row: Row,
+        placement: list[tuple[Extent, ...]],
+        source: torch.Tensor,
+        index: torch.Tensor,
+    ) -> None:
+        """The designs not chosen, on the same placement: per-run memcpy, UVA index_copy_/index_select."""
+        dev = self.dev
+        runs = [(e.start, e.length) for ext in placement for e in ext]
+        stream, e0, e1 = dev.stream, dev.e0, dev.e1
+        nbytes = source.numel()
+
+        def timed(fn: Callable[[], None]) -> tuple[float, float]:
+            dev.sync()
+            with torch.cuda.stream(stream):
+                e0.record()
+                t0 = time.perf_counter()
+                fn()
+                host = time.perf_counter() - t0
+                e1.record()
+            e1.synchronize()
+            return e0.elapsed_time(e1) / 1e3, host
+
+        def per_run_save() -> None:
+            pos = 0
+            for s, n in runs:
+                host_rows[s : s + n].copy_(source[pos : pos + n], non_blocking=True)
+                pos += n
+
+        out = torch.empty_like(source)
+
+        def per_run_load() -> None:
+            pos = 0
+            for s, n in runs:
+                out[pos : pos + n].copy_(host_rows[s : s + n], non_blocking=True)
+                pos += n
+
+        def uva_save() -> None:
+            check_rows.index_copy_(0, index, source)
+
+        def uva_load() -> None:
+            torch.index_select(check_rows, 0, index, out=out)
+
+        for name, save_fn, load_fn in (
+            ("memcpy-per-run", per_run_save, per_run_load),
+            ("uva-index", uva_save, uva_load),
+        ):
+            results = {}
+            for direction, fn in (("save", save_fn), ("load", load_fn)):
+                samples = []
+                for _ in range(max(2, self.args.reps // 2) + 1):
+                    out.zero_()
+                    samples.append(timed(fn))
+                    ok = (
+                        torch.equal(check_rows.index_select(0, index), source)
+                        if direction == "save"
+                        else torch.equal(out, source)
+                    )
+                    if not ok:
+                        raise SystemExit(f"{name} {direction} bytes differ")
+                dev_s = statistics.median(s for s, _ in samples[1:])
+                host_s = statistics.median(h for _, h in samples[1:])
+                results[direction] = (nbytes / dev_s / 1e9, host_s * 1e6)
+            record = {
+                "method": name,
+                "width": row.width,
+                "entry": row.entry,
+                "layout": row.layout,
+                "batch": row.batch,
+                "runs": len(runs),
+                "save_gbs": results["save"][0],
+                "save_host_us": results["save"][1],
+                "load_gbs": results["load"][0],
+                "load_host_us": results["load"][1],
+            }
+            self.alternatives.append(record)
+            print(
+                f"    alt {name:15s} save {results['save'][0]:6.1f} GB/s ({results['save'][1]:8.0f} us host)"
+                f"  load {results['load'][0]:6.1f} GB/s ({results['load'][1]:8.0f} us host)"
+                f"  [{len(runs)} runs]",
+                flush=True,
+            )
+
+
+HEADER = (
+    f"{'row':>6} {'entry':>6} {'layout':>10} {'runs/e':>7} {'batch':>5} {'MiB':>7} | "
+    f"{'save':>6} {'d2h':>6} {'ratio':>5} | {'load':>6} {'h2d':>6} {'ratio':>5} | "
+    f"{'save us':>8} {'load us':>8}"
+)
+
+
+def format_row(r: Row) -> str:
+    return (
+        f"{r.row_kib:5g}K {r.entry:>6} {r.layout:>10} {r.runs_per_entry:7.1f} {r.batch:5d} {r.mib:7.2f} | "
+        f"{r.save_gbs:6.1f} {r.memcpy_d2h_gbs:6.1f} {r.save_ratio:5.2f} | "
+        f"{r.load_gbs:6.1f} {r.memcpy_h2d_gbs:6.1f} {r.load_ratio:5.2f} | "
+        f"{r.save_host_us:8.0f} {r.load_host_us:8.0f}"
+    )
+
+
+def summary(rows: list[Row]) -> list[str]:
+    def worst(select: Callable[[Row], bool]) -> str:
+        chosen = [r for r in rows if select(r)]
+        if not chosen:
+            return "n/a"
+        return f"save {min(r.save_ratio for r in chosen):.2f}x, load {min(r.load_ratio for r in chosen):.2f}x"
+
+    big = [r for r in rows if r.entry in ("1MiB", "8MiB", "16MiB")]
+    lines = [
+        f"fragmented 1-16 MiB entries, worst ratio: {worst(lambda r: r in big and r.layout != 'contiguous')}"
+        "  (target >= 0.90x)",
+        f"contiguous 1-16 MiB entries, worst ratio: {worst(lambda r: r in big and r.layout == 'contiguous')}",
+        f"64-row entries, worst ratio: {worst(lambda r: r.entry == '64rows')}  (target >= 0.70x)",
+        f"64-row entries, batch 32, worst ratio: {worst(lambda r: r.entry == '64rows' and r.batch == 32)}",
+    ]
+    b32 = [r for r in rows if r.batch == 32]
+    for layout in LAYOUTS:
+        sel = [r for r in b32 if r.layout == layout]
+        if sel:
+            lines.append(
+                f"batch of 32, {layout}: host launch max save {max(r.save_host_us for r in sel):.0f} us, "
+                f"load {max(r.load_host_us for r in sel):.0f} us; median save "
+                f"{statistics.median(r.save_host_us for r in sel):.0f} us, load "
+                f"{statistics.median(r.load_host_us for r in sel):.0f} us  (target <= 100 us)"
+            )
+    return lines
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--quick", action="store_true", help="64-row and 1 MiB entries, 3 repetitions")
+    parser.add_argument("--reps", type=int, default=None, help="timed repetitions per case (default 7)")
+    parser.add_argument("--widths", type=int, nargs="*", default=None)
+    parser.add_argument("--entries", nargs="*", default=None, choices=ENTRIES)
+    parser.add_argument("--layouts", nargs="*", default=None, choices=LAYOUTS)
+    parser.add_argument("--batches", type=int, nargs="*", default=list(BATCHES))
+    parser.add_argument("--tile-bytes", type=int, default=16384)
+    parser.add_argument("--num-warps", type=int, default=4)
+    parser.add_argument(
+        "--alternatives", action="store_true", help="also time per-run memcpy and UVA index ops"
+    )
+    parser.add_argument("--json", type=Path, default=None, help="write every number here")
+    args = parser.parse_args(argv)
+    entries = tuple(args.entries or (("64rows", "1MiB") if args.quick else ENTRIES))
+    layouts = tuple(args.layouts or LAYOUTS)
+    widths = tuple(args.widths or WIDTHS)
+    args.reps = args.reps or (3 if args.quick else 7)
+
+    bench = Bench(args)
+    dev = bench.dev
+    print(f"# device {dev.device}" + (f" ({torch.cuda.get_device_name(dev.device)})" if dev.cuda else ""))
+    print(
+        f"# torch {torch.__version__}, tile_bytes {args.tile_bytes}, num_warps {args.num_warps}, "
+        f"reps {args.reps}"
+    )
+    if dev.cuda:
+        import triton
+
+        print(f"# triton {triton.__version__}")
+    print(
+        "# GB/s = 1e9 bytes/s; save = device->region, load = region->device; "
+        "d2h/h2d = contiguous pinned memcpy"
+    )
+    print(HEADER, flush=True)
+    for width in widths:
+        bench.run_width(width, entries, layouts)
+    print()
+    print(HEADER)
+    for row in bench.rows:
+        print(format_row(row))
+    print()
+    for line in summary(bench.rows):
+        print(line)
+    if args.json:
+        payload = {
+            "device": str(dev.device),
+            "name": torch.cuda.get_device_name(dev.device) if dev.cuda else "cpu",
+            "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
+            "rows": [
+                asdict(r) | {"save_ratio": r.save_ratio, "load_ratio": r.load_ratio} for r in bench.rows
+            ],
+            "alternatives": bench.alternatives,
+        }
+        args.json.write_text(json.dumps(payload, indent=1))
+
+
+if __name__ == "__main__":
+    main()

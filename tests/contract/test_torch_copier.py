@@ -1,0 +1,318 @@
+"""What `TorchCopier` promises beyond the Copier port: messages, dtypes, alignment, streams, lifetimes.
+
+The CUDA tests run against the real GPU (skipped without one); nothing here is mocked.
+"""
+
+from __future__ import annotations
+
+import itertools
+import random
+import time
+from collections.abc import Iterator
+
+import pytest
+import torch
+
+from ec_connector.adapters.memory import MemoryRegion
+from ec_connector.adapters.torch_copy import TorchCopier
+from ec_connector.domain.blocks import Extent
+from ec_connector.domain.errors import LayoutMismatch, RegionError
+from ec_connector.domain.layout import Layout
+from ec_connector.domain.transfers import PlannedCopy, SaveJob
+
+LAYOUT = Layout(hidden_dim=48, dtype="bfloat16", num_blocks=4096)
+CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+DEVICES = [pytest.param("cpu", id="cpu"), pytest.param("cuda", id="cuda", marks=CUDA)]
+_tickets = itertools.count(1)
+
+
+@pytest.fixture
+def region() -> Iterator[MemoryRegion]:
+    made = MemoryRegion(LAYOUT, name="torch-copier")
+    yield made
+    made.close()
+
+
+@pytest.fixture(params=DEVICES)
+def copier(request: pytest.FixtureRequest, region: MemoryRegion) -> Iterator[TorchCopier]:
+    made = TorchCopier(region, device=request.param)
+    yield made
+    made.close()
+
+
+def planned(extents: tuple[Extent, ...]) -> PlannedCopy:
+    return PlannedCopy(next(_tickets), "item", extents, sum(e.length for e in extents))
+
+
+def payload(rows: int, layout: Layout, device: torch.device | str, seed: int = 0) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(seed)
+    raw = torch.randint(0, 256, (rows, layout.block_size_bytes), dtype=torch.uint8, generator=gen)
+    return raw.view(getattr(torch, layout.dtype)).to(device)
+
+
+def as_bytes(t: torch.Tensor) -> bytes:
+    return t.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes()
+
+
+def region_bytes(region: MemoryRegion, extents: tuple[Extent, ...]) -> bytes:
+    b = region.layout.block_size_bytes
+    view = region.data()
+    return b"".join(bytes(view[e.start * b : e.end * b]) for e in extents)
+
+
+def drain(copier: TorchCopier, timeout_s: float = 20.0) -> list[int]:
+    seen: list[int] = []
+    deadline = time.monotonic() + timeout_s
+    while copier.in_flight():
+        seen += copier.poll()
+        assert time.monotonic() < deadline
+        time.sleep(0.001)
+    return seen
+
+
+def scattered(rows: int, *, num_blocks: int, seed: int) -> tuple[Extent, ...]:
+    rng = random.Random(seed)
+    starts = sorted(rng.sample(range(0, num_blocks, 2), rows))  # every other block: runs of 1
+    return tuple(Extent(s, 1) for s in starts)
+
+
+# -- on every device ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("make", "words"),
+    [
+        (lambda d: b"rows", "is a bytes; expected a torch.Tensor"),
+        (lambda d: torch.zeros(6 * 48, dtype=torch.bfloat16, device=d), "1 dimensions"),
+        (lambda d: torch.zeros(6, 48, dtype=torch.float16, device=d), "dtype is torch.float16"),
+        (lambda d: torch.zeros(6, 47, dtype=torch.bfloat16, device=d), "width is 47"),
+        (lambda d: torch.zeros(5, 48, dtype=torch.bfloat16, device=d), "5 rows but its entry holds 6"),
+        (lambda d: torch.zeros(6, 48, dtype=torch.bfloat16, device="meta"), "is on meta"),
+    ],
+    ids=["type", "rank", "dtype", "width", "rows", "device"],
+)
+def test_check_names_the_problem(copier: TorchCopier, make: object, words: str) -> None:
+    with pytest.raises(LayoutMismatch, match=words):
+        copier.check(make(copier.device), 6)  # type: ignore[operator]
+
+
+def test_a_non_contiguous_payload_is_saved_by_value(region: MemoryRegion, copier: TorchCopier) -> None:
+    wide = payload(9, Layout(hidden_dim=96, dtype="bfloat16", num_blocks=1), copier.device)
+    view = wide[:, 10:58]
+    assert not view.is_contiguous()
+    extents = (Extent(100, 4), Extent(3, 5))
+    copier.save([SaveJob(planned(extents), view)])
+    drain(copier)
+    assert region_bytes(region, extents) == as_bytes(view)
+
+
+@pytest.mark.parametrize("runs", [1, 4, 5], ids=lambda n: f"{n}runs")
+def test_entries_near_the_inline_limit_round_trip(
+    region: MemoryRegion, copier: TorchCopier, runs: int
+) -> None:
+    extents = tuple(Extent(500 - 7 * i, 1 + i % 3) for i in range(runs))
+    src = payload(sum(e.length for e in extents), LAYOUT, copier.device, seed=runs)
+    copier.save([SaveJob(planned(extents), src)])
+    drain(copier)
+    assert region_bytes(region, extents) == as_bytes(src)
+    [out] = copier.load([planned(extents)])
+    assert as_bytes(out) == as_bytes(src)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize(
+    "layout",
+    [
+        Layout(hidden_dim=5, dtype="float32", num_blocks=20000),  # 20-byte rows: 4-byte words
+        Layout(hidden_dim=33, dtype="float8_e4m3fn", num_blocks=20000),  # 33-byte rows: bytes
+        Layout(hidden_dim=100, dtype="float16", num_blocks=5000),  # 200-byte rows: 8-byte words
+        Layout(hidden_dim=1024, dtype="bfloat16", num_blocks=600),  # 2 KiB rows: 16-byte accesses
+    ],
+    ids=lambda lay: f"{lay.dtype}x{lay.hidden_dim}",
+)
+def test_other_dtypes_and_widths_round_trip(layout: Layout, device: str) -> None:
+    region = MemoryRegion(layout, name="widths")
+    copier = TorchCopier(region, device=device)
+    try:
+        entries = [scattered(rows, num_blocks=layout.num_blocks // 3, seed=rows) for rows in (1, 7, 40)]
+        entries = [
+            tuple(Extent(e.start + i * (layout.num_blocks // 3), e.length) for e in ext)
+            for i, ext in enumerate(entries)
+        ]
+        sources = [
+            payload(sum(e.length for e in ext), layout, device, seed=i) for i, ext in enumerate(entries)
+        ]
+        copier.save([SaveJob(planned(ext), src) for ext, src in zip(entries, sources, strict=True)])
+        drain(copier)
+        for ext, src in zip(entries, sources, strict=True):
+            assert region_bytes(region, ext) == as_bytes(src)
+        out = copier.load([planned(ext) for ext in entries])
+        assert [as_bytes(o) for o in out] == [as_bytes(s) for s in sources]
+    finally:
+        copier.close()
+        region.close()
+
+
+def test_an_unknown_device_is_refused(region: MemoryRegion) -> None:
+    with pytest.raises(ValueError, match="'meta' is not supported"):
+        TorchCopier(region, device="meta")
+
+
+def test_a_closed_copier_refuses_new_copies(copier: TorchCopier) -> None:
+    copier.close()
+    with pytest.raises(RegionError, match="closed"):
+        copier.save([SaveJob(planned((Extent(0, 1),)), payload(1, LAYOUT, copier.device))])
+    with pytest.raises(RegionError, match="closed"):
+        copier.load([planned((Extent(0, 1),))])
+
+
+def test_timings_describe_each_finished_batch(copier: TorchCopier) -> None:
+    save = planned((Extent(0, 10), Extent(20, 6)))
+    copier.save([SaveJob(save, payload(16, LAYOUT, copier.device))])
+    load = planned((Extent(0, 10),))
+    copier.load([load])
+    drain(copier)
+    timings = copier.drain_timings()
+    assert [(t.direction, t.tickets, t.nbytes) for t in timings] == [
+        ("save", (save.ticket,), 16 * LAYOUT.block_size_bytes),
+        ("load", (load.ticket,), 10 * LAYOUT.block_size_bytes),
+    ]
+    assert all(t.seconds >= 0 for t in timings)
+    assert copier.drain_timings() == []
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_closed_copier_lets_the_shm_region_unmap_at_once(device: str, tmp_path: object) -> None:
+    shm = pytest.importorskip("ec_connector.adapters.shm")
+    structlog = pytest.importorskip("structlog")
+    region = shm.ShmRegion.open(instance="copier-unmap", dp_rank=0, layout=LAYOUT, shm_dir=tmp_path)
+    copier = TorchCopier(region, device=device)
+    copier.save([SaveJob(planned((Extent(0, 3),)), payload(3, LAYOUT, device))])
+    copier.load([planned((Extent(0, 3),))])
+    copier.close()
+    with structlog.testing.capture_logs() as logs:
+        region.close()
+    assert [e for e in logs if e["event"] == "region_unmap_deferred"] == []
+
+
+# -- CUDA only ---------------------------------------------------------------------------------
+
+
+@CUDA
+def test_poll_does_not_wait_for_a_busy_gpu(region: MemoryRegion) -> None:
+    copier = TorchCopier(region, device="cuda")
+    try:
+        torch.cuda._sleep(2_000_000_000)  # ~1 s of GPU time queued before the copy
+        save = planned((Extent(0, 8),))
+        copier.save([SaveJob(save, payload(8, LAYOUT, "cuda"))])
+        t0 = time.perf_counter()
+        assert copier.poll() == []
+        assert time.perf_counter() - t0 < 0.05
+        assert copier.in_flight() == 1
+        torch.cuda.synchronize()
+        assert drain(copier) == [save.ticket]
+    finally:
+        copier.close()
+
+
+@CUDA
+def test_sources_stay_alive_until_their_copy_ends(region: MemoryRegion) -> None:
+    copier = TorchCopier(region, device="cuda")
+    try:
+        extents = (Extent(0, 64),)
+        src = payload(64, LAYOUT, "cuda", seed=7)
+        expected = as_bytes(src)
+        torch.cuda._sleep(500_000_000)  # the copy cannot start before the caller's queued work
+        copier.save([SaveJob(planned(extents), src)])
+        del src
+        for _ in range(8):  # would reuse the freed block if the copier had not kept it
+            torch.empty(64, LAYOUT.hidden_dim, dtype=torch.bfloat16, device="cuda").fill_(-1.0)
+        torch.cuda.synchronize()
+        drain(copier)
+        assert region_bytes(region, extents) == expected
+    finally:
+        copier.close()
+
+
+@CUDA
+def test_a_load_on_a_side_stream_orders_that_stream(region: MemoryRegion) -> None:
+    copier = TorchCopier(region, device="cuda")
+    try:
+        extents = (Extent(30, 12), Extent(2, 5))
+        src = payload(17, LAYOUT, "cuda", seed=3)
+        copier.save([SaveJob(planned(extents), src)])
+        drain(copier)
+        side = torch.cuda.Stream()
+        with torch.cuda.stream(side):
+            torch.cuda._sleep(200_000_000)
+            [out] = copier.load([planned(extents)])
+            copy = out.clone()  # queued on `side` after the load: must see the bytes
+        side.synchronize()
+        assert as_bytes(copy) == as_bytes(src)
+        drain(copier)
+    finally:
+        copier.close()
+
+
+@CUDA
+def test_misaligned_payloads_round_trip(region: MemoryRegion) -> None:
+    copier = TorchCopier(region, device="cuda")
+    try:
+        flat = payload(40, LAYOUT, "cuda", seed=5).view(-1)
+        odd = flat[1 : 1 + 7 * LAYOUT.hidden_dim].view(7, LAYOUT.hidden_dim)  # 2-byte aligned
+        even = payload(9, LAYOUT, "cuda", seed=6)
+        a, b = (Extent(900, 3), Extent(10, 4)), (Extent(50, 9),)
+        copier.save([SaveJob(planned(a), odd), SaveJob(planned(b), even)])
+        drain(copier)
+        assert region_bytes(region, a) == as_bytes(odd)
+        assert region_bytes(region, b) == as_bytes(even)
+    finally:
+        copier.close()
+
+
+@CUDA
+def test_copiers_share_one_registration_and_the_last_close_releases_it(region: MemoryRegion) -> None:
+    from ec_connector.adapters.torch_copy import hostmem
+
+    first = TorchCopier(region, device="cuda")
+    second = TorchCopier(region, device="cuda")
+    first.close()
+    extents = (Extent(7, 20),)
+    src = payload(20, LAYOUT, "cuda", seed=11)
+    second.save([SaveJob(planned(extents), src)])
+    drain(second)
+    assert region_bytes(region, extents) == as_bytes(src)
+    second.close()
+    address = torch.frombuffer(region.data(), dtype=torch.uint8).data_ptr()
+    fresh = hostmem.HostRegistration(address, LAYOUT.data_bytes, torch.device("cuda", 0), name="check")
+    try:
+        assert fresh.owned, "the copiers left the region registered"
+    finally:
+        fresh.close()
+
+
+@CUDA
+def test_a_large_scattered_batch_round_trips() -> None:
+    layout = Layout(hidden_dim=1024, dtype="bfloat16", num_blocks=16384)  # 32 MiB
+    region = MemoryRegion(layout, name="large")
+    copier = TorchCopier(region, device="cuda")
+    try:
+        rng = random.Random(1)
+        blocks = list(range(layout.num_blocks))
+        rng.shuffle(blocks)
+        entries, pos = [], 0
+        for _ in range(32):
+            rows = rng.randint(1, 300)
+            entries.append(tuple(Extent(b, 1) for b in blocks[pos : pos + rows]))
+            pos += rows
+        sources = [payload(len(ext), layout, "cuda", seed=i) for i, ext in enumerate(entries)]
+        copier.save([SaveJob(planned(ext), src) for ext, src in zip(entries, sources, strict=True)])
+        drain(copier)
+        for ext, src in zip(entries, sources, strict=True):
+            assert region_bytes(region, ext) == as_bytes(src)
+        out = copier.load([planned(ext) for ext in reversed(entries)])
+        assert [as_bytes(o) for o in out] == [as_bytes(s) for s in reversed(sources)]
+        drain(copier)
+    finally:
+        copier.close()
+        region.close()
