@@ -18,6 +18,8 @@ kernel reads or writes host memory over PCIe directly: one launch whatever the f
 
 from __future__ import annotations
 
+from itertools import accumulate
+
 import triton
 import triton.language as tl
 
@@ -139,11 +141,13 @@ def copy_runs(
 
 def inline_runs(starts: list[int], lengths: list[int], total_rows: int) -> tuple[int, ...]:
     """The `inline` argument for at most INLINE_RUNS runs."""
-    firsts = [0]
-    for n in lengths[:-1]:
-        firsts.append(firsts[-1] + n)
-    pad = INLINE_RUNS - len(starts)
-    return (*firsts[1:], *[total_rows] * pad, *starts, *[0] * pad)
+    firsts = list(accumulate(lengths[:-1])) if len(lengths) > 1 else []
+    return (
+        *firsts,
+        *[total_rows] * (INLINE_RUNS - 1 - len(firsts)),
+        *starts,
+        *[0] * (INLINE_RUNS - len(starts)),
+    )
 
 
 _NO_INLINE = (0,) * len(_INLINE_ARGS)
