@@ -47,7 +47,8 @@ MAX_PARTICIPANTS = 256
 MAX_RANKS = 256
 DEFAULT_RING_SLOTS = 4096
 
-# word indices (byte offset // 8) of the fields that change after creation
+# word indices (byte offset // 8) of fields read through the mapping
+CREATOR_PID_WORD = 96 // 8
 JOINED_WORD = 120 // 8
 UNLINKED_BY_WORD = 128 // 8
 PID_TABLE_WORD = 2048 // 8

@@ -41,7 +41,15 @@ from ec_connector.domain.transfers import Completion
 
 from . import locks
 from .attach import attach
-from .header import DEFAULT_RING_SLOTS, JOINED_WORD, PID_TABLE_WORD, UNLINKED_BY_WORD, Geometry, Header
+from .header import (
+    CREATOR_PID_WORD,
+    DEFAULT_RING_SLOTS,
+    JOINED_WORD,
+    PID_TABLE_WORD,
+    UNLINKED_BY_WORD,
+    Geometry,
+    Header,
+)
 from .naming import region_file_name
 from .reaper import DEFAULT_SHM_DIR, reap_orphans, unlink_if_same
 from .ring import CompletionRings
@@ -221,11 +229,14 @@ class ShmRegion:
         self._live_view()
         return self._address
 
+    @property
+    def creator_pid(self) -> int:
+        """Pid of the process that created the file, as its header records it."""
+        return self._live_words()[CREATOR_PID_WORD]
+
     def joined_pids(self) -> list[int]:
         """Pids recorded per slot (0 where a participant has not joined yet)."""
-        words = self._words
-        if words is None:
-            raise RegionError(f"region {self._path} is closed")
+        words = self._live_words()
         return [words[PID_TABLE_WORD + i] for i in range(self._geo.participants)]
 
     def __enter__(self) -> ShmRegion:
@@ -239,6 +250,11 @@ class ShmRegion:
         return f"ShmRegion({str(self._path)!r}, slot={self._slot}, {state})"
 
     # -- internals ------------------------------------------------------------------------------
+
+    def _live_words(self) -> memoryview:
+        if self._words is None:
+            raise RegionError(f"region {self._path} is closed")
+        return self._words
 
     def _live_view(self) -> memoryview:
         if self._view is None:
