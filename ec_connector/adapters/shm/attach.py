@@ -10,6 +10,7 @@ only then maps it; a file that fails any check is left exactly as it was.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import secrets
@@ -104,7 +105,12 @@ def _open_existing(path: Path, expected: Header) -> int | None:
     except FileNotFoundError:
         return None
     except OSError as err:
-        raise RegionError(f"cannot open existing region {path}: {err.strerror}") from err
+        hint = ""
+        with contextlib.suppress(OSError):
+            st = os.lstat(path)
+            mode = stat.filemode(st.st_mode)
+            hint = f" (uid {st.st_uid}, {mode}; this process runs as uid {os.getuid()})"
+        raise RegionError(f"cannot open existing region {path}: {err.strerror}{hint}") from err
     try:
         st = os.fstat(fd)
         _check_file(path, st)

@@ -98,6 +98,8 @@ def reap_orphans(shm_dir: str | os.PathLike[str] = DEFAULT_SHM_DIR, *, name: str
     With `name` (a region file name), only that region and its staging files are considered.
     Files of other users and files some process holds are never touched.
     """
+    if name is not None and not is_region_name(name):
+        raise ValueError(f"name {name!r} is not a region file name (expected one like {REGION_GLOB})")
     removed: list[Path] = []
     uid = os.getuid()
     for path in _candidates(Path(shm_dir), name):

@@ -4,12 +4,7 @@ Lifecycle of the file `{shm_dir}/vllm_ec_{instance}_dp{dp_rank}.mmap` (mode 0600
 
 1. Every participant (the scheduler process and each TP/PCP worker of the instance) calls
    `ShmRegion.open(...)` with the same layout, `participants` and `ranks`, and its own `slot`.
-   Whoever comes first creates the file under a hidden staging name (`.vllm_ec_*.tmp`, which
-   never matches `vllm_ec_*.mmap`), takes its liveness lock, sizes it with posix_fallocate (so a
-   full /dev/shm fails here and not with SIGBUS later), writes the header, then publishes it with
-   `link`, which fails if the name exists (the loser of that race joins the existing file
-   instead), and removes the staging name. Nobody ever sees a half-written region; a staging
-   file left by a crash is reaped like an orphaned region.
+   Whoever comes first creates and publishes the file atomically (attach.py); the others join it.
 2. A joiner checks the file before it writes anything: regular file, owned by this uid, mode
    0600, region header, same layout/ranks/participants/ring size, exact size.
 3. Each participant records its pid in its slot under the join lock; the one that completes the
