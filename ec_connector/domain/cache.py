@@ -200,7 +200,8 @@ class EntryTable:
                     entry.release_grant(token)
                     out.grants_released.append((key, token))
             elif kind is _Deadline.ANNOUNCE:
-                if entry.announced_until == deadline:
+                # Re-announcing to the same deadline leaves several heap items for one end.
+                if entry.announced_until == deadline and key not in out.announcements_ended:
                     out.announcements_ended.append(key)
             elif kind is _Deadline.QUARANTINE:
                 if entry.phase is Phase.QUARANTINED and entry.quarantined_until <= now:

@@ -58,6 +58,10 @@ class Layout:
     @classmethod
     def for_budget(cls, cpu_bytes: int, *, hidden_dim: int, dtype: str) -> Layout:
         """The layout of a region of at most `cpu_bytes` data bytes (whole blocks only)."""
+        if dtype not in DTYPE_ITEMSIZE:
+            raise ValueError(f"dtype {dtype!r} is not one of {sorted(DTYPE_ITEMSIZE)}")
+        if hidden_dim <= 0:
+            raise ValueError(f"hidden_dim must be > 0, got {hidden_dim}")
         block = hidden_dim * DTYPE_ITEMSIZE[dtype]
         if cpu_bytes < block:
             raise ConfigError(

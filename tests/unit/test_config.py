@@ -1,0 +1,431 @@
+"""ec_connector_extra_config validation: every rejected value fails with its exact message."""
+
+from __future__ import annotations
+
+import math
+import re
+
+import pytest
+
+from ec_connector.domain.config import (
+    KNOWN_KEYS,
+    ConnectorConfig,
+    Role,
+    SideChannel,
+    parse_config,
+    side_channel_from_env,
+)
+from ec_connector.domain.errors import ConfigError
+from ec_connector.domain.layout import Layout
+
+GIB = 1 << 30
+BASE = {"ec_cpu_bytes": GIB}
+SECONDS_KEYS = [
+    "consumer_ack_timeout_s",
+    "read_timeout_s",
+    "quarantine_s",
+    "producer_pin_lease_s",
+    "announce_lease_s",
+    "save_lease_s",
+    "not_ready_backoff_s",
+    "not_ready_backoff_max_s",
+    "not_ready_give_up_s",
+]
+ALL_KEYS = (
+    "announce_lease_s, consumer_ack_timeout_s, ec_cpu_bytes, ec_enable_nixl, event_feed_address, "
+    "nixl_backend, not_ready_backoff_max_s, not_ready_backoff_s, not_ready_give_up_s, "
+    "producer_pin_lease_s, quarantine_s, read_timeout_s, save_lease_s, side_channel_secret, "
+    "ucx_error_mode"
+)
+
+
+def _parse(role: str = "ec_producer", **extra) -> ConnectorConfig:
+    return parse_config({**BASE, **extra}, role=role)
+
+
+def _rejects(message: str):
+    return pytest.raises(ConfigError, match=re.escape(message) + "$")
+
+
+# --- defaults and roles ------------------------------------------------------------------------
+
+
+def test_minimal_config_takes_every_documented_default():
+    config = parse_config({"ec_cpu_bytes": GIB}, role="ec_consumer")
+    assert config == ConnectorConfig(role=Role.CONSUMER, cpu_bytes=GIB)
+    assert config.enable_nixl is False
+    assert config.consumer_ack_timeout_s == 2.0
+    assert config.read_timeout_s == 20.0
+    assert config.quarantine_s == 60.0
+    assert config.producer_pin_lease_s == 30.0
+    assert config.announce_lease_s == 60.0
+    assert config.save_lease_s == 30.0
+    assert config.not_ready_backoff_s == 0.05
+    assert config.not_ready_backoff_max_s == 1.0
+    assert config.not_ready_give_up_s == 10.0
+    assert config.nixl_backend == "UCX"
+    assert config.ucx_error_mode == "none"
+    assert config.side_channel_secret is None
+    assert config.event_feed_address is None
+
+
+def test_known_keys_are_ec_cpu_bytes_nixl_and_every_design_key():
+    assert sorted(KNOWN_KEYS) == ALL_KEYS.split(", ")
+
+
+@pytest.mark.parametrize(
+    ("raw", "role", "saves", "loads"),
+    [
+        ("ec_producer", Role.PRODUCER, True, False),
+        ("ec_consumer", Role.CONSUMER, False, True),
+        ("ec_both", Role.BOTH, True, True),
+    ],
+)
+def test_each_role_says_whether_it_saves_and_loads(raw, role, saves, loads):
+    config = _parse(role=raw)
+    assert config.role is role
+    assert (role.saves, role.loads) == (saves, loads)
+
+
+@pytest.mark.parametrize("role", ["producer", "", None, "EC_PRODUCER", 1])
+def test_bad_role_is_rejected(role):
+    with _rejects(
+        f"ec_role = {role!r} is invalid: expected one of 'ec_producer', 'ec_consumer', 'ec_both' "
+        "(ec_role is required whenever ec_connector is set)"
+    ):
+        parse_config(dict(BASE), role=role)
+
+
+def test_config_is_frozen():
+    config = _parse()
+    with pytest.raises(AttributeError):
+        config.cpu_bytes = 1  # type: ignore[misc]
+
+
+# --- extra itself ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("extra", [[1], "ec_cpu_bytes=1", 5])
+def test_extra_that_is_not_a_dict_is_rejected(extra):
+    with _rejects(f"ec_connector_extra_config = {extra!r} is invalid: expected a JSON object (dict)"):
+        parse_config(extra, role="ec_producer")
+
+
+def test_absent_extra_is_rejected_for_its_missing_ec_cpu_bytes():
+    with _rejects(
+        "ec_connector_extra_config is missing required key 'ec_cpu_bytes': expected a positive "
+        'integer number of bytes, e.g. {"ec_cpu_bytes": 1073741824}'
+    ):
+        parse_config(None, role="ec_producer")
+
+
+def test_unknown_key_is_rejected_naming_it():
+    with _rejects(
+        f"ec_connector_extra_config has unknown key(s) 'ec_cpu_byte': accepted keys are {ALL_KEYS}"
+    ):
+        parse_config({"ec_cpu_byte": GIB}, role="ec_producer")
+
+
+def test_every_unknown_key_is_named_sorted():
+    with _rejects(
+        f"ec_connector_extra_config has unknown key(s) 'alpha', 'zeta': accepted keys are {ALL_KEYS}"
+    ):
+        _parse(zeta=1, alpha=2)
+
+
+# --- ec_cpu_bytes ------------------------------------------------------------------------------
+
+
+def test_missing_ec_cpu_bytes_is_rejected_naming_the_key():
+    with _rejects(
+        "ec_connector_extra_config is missing required key 'ec_cpu_bytes': expected a positive "
+        'integer number of bytes, e.g. {"ec_cpu_bytes": 1073741824}'
+    ):
+        parse_config({"ec_enable_nixl": False}, role="ec_producer")
+
+
+@pytest.mark.parametrize(
+    ("value", "shown"),
+    [
+        (0, "0"),
+        (-1, "-1"),
+        (1.5, "1.5"),
+        (1073741824.0, "1073741824.0"),
+        (True, "True"),
+        (False, "False"),
+        ("1073741824", "'1073741824'"),
+        (None, "None"),
+    ],
+    ids=["zero", "negative", "float", "integral-float", "true", "false", "string", "null"],
+)
+def test_bad_ec_cpu_bytes_is_rejected(value, shown):
+    with _rejects(
+        f"ec_connector_extra_config['ec_cpu_bytes'] = {shown} is invalid: expected a positive "
+        "integer number of bytes, e.g. 1073741824"
+    ):
+        parse_config({"ec_cpu_bytes": value}, role="ec_producer")
+
+
+def test_ec_cpu_bytes_is_kept_exactly():
+    assert _parse(ec_cpu_bytes=12345).cpu_bytes == 12345
+
+
+def test_ec_cpu_bytes_smaller_than_one_block_is_rejected():
+    config = _parse(ec_cpu_bytes=7167)
+    with _rejects(
+        "ec_connector_extra_config['ec_cpu_bytes'] = 7167 is smaller than one block "
+        "(7168 bytes = hidden_dim 3584 × bfloat16); expected an integer >= 7168"
+    ):
+        Layout.for_budget(config.cpu_bytes, hidden_dim=3584, dtype="bfloat16")
+
+
+# --- ec_enable_nixl ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("value", [True, "true", "TRUE", "True", "1", "yes", "Yes", "YES"])
+def test_ec_enable_nixl_values_that_enable(value):
+    assert _parse(ec_enable_nixl=value).enable_nixl is True
+
+
+@pytest.mark.parametrize("value", [False, "false", "0", "no", "on", "", "enabled", "y"])
+def test_ec_enable_nixl_values_that_disable(value):
+    assert _parse(ec_enable_nixl=value).enable_nixl is False
+
+
+@pytest.mark.parametrize(("value", "shown"), [(1, "1"), (0, "0"), (None, "None"), (1.0, "1.0"), ([], "[]")])
+def test_ec_enable_nixl_that_is_neither_bool_nor_string_is_rejected(value, shown):
+    with _rejects(
+        f"ec_connector_extra_config['ec_enable_nixl'] = {shown} is invalid: expected a bool or a "
+        'string ("true", "1", "yes" enable; anything else disables)'
+    ):
+        _parse(ec_enable_nixl=value)
+
+
+# --- seconds -----------------------------------------------------------------------------------
+
+
+def test_consumer_ack_timeout_defaults_to_two_seconds():
+    assert _parse().consumer_ack_timeout_s == 2.0
+
+
+@pytest.mark.parametrize("value", [0.5, 3])
+def test_consumer_ack_timeout_accepts_positive_numbers(value):
+    config = _parse(consumer_ack_timeout_s=value)
+    assert config.consumer_ack_timeout_s == float(value)
+    assert type(config.consumer_ack_timeout_s) is float
+
+
+@pytest.mark.parametrize(
+    ("value", "shown", "form"),
+    [
+        (0, "0", "a finite number of seconds > 0, e.g. 2.0"),
+        (0.0, "0.0", "a finite number of seconds > 0, e.g. 2.0"),
+        (-1, "-1", "a finite number of seconds > 0, e.g. 2.0"),
+        (-0.5, "-0.5", "a finite number of seconds > 0, e.g. 2.0"),
+        (math.nan, "nan", "a finite number of seconds > 0, e.g. 2.0"),
+        (math.inf, "inf", "a finite number of seconds > 0, e.g. 2.0"),
+        (-math.inf, "-inf", "a finite number of seconds > 0, e.g. 2.0"),
+        ("2", "'2'", "a number of seconds > 0, e.g. 2.0"),
+        (True, "True", "a number of seconds > 0, e.g. 2.0"),
+        (None, "None", "a number of seconds > 0, e.g. 2.0"),
+    ],
+    ids=["zero", "zero-float", "negative", "negative-float", "nan", "inf", "-inf", "string", "bool", "null"],
+)
+@pytest.mark.parametrize("key", SECONDS_KEYS)
+def test_bad_seconds_value_is_rejected(key, value, shown, form):
+    with _rejects(f"ec_connector_extra_config[{key!r}] = {shown} is invalid: expected {form}"):
+        _parse(**{key: value})
+
+
+@pytest.mark.parametrize("value", [0.5, 3])
+@pytest.mark.parametrize("key", SECONDS_KEYS)
+def test_positive_seconds_value_is_accepted(key, value):
+    extra = {key: value}
+    if key == "not_ready_backoff_s":
+        extra["not_ready_backoff_max_s"] = 5
+    config = _parse(**extra)
+    assert getattr(config, key) == float(value)
+    assert type(getattr(config, key)) is float
+
+
+def test_backoff_max_below_backoff_is_rejected():
+    with _rejects(
+        "ec_connector_extra_config['not_ready_backoff_max_s'] = 0.01 is invalid: expected a "
+        "number >= not_ready_backoff_s (0.05)"
+    ):
+        _parse(not_ready_backoff_max_s=0.01)
+
+
+def test_backoff_above_the_default_max_is_rejected():
+    with _rejects(
+        "ec_connector_extra_config['not_ready_backoff_max_s'] = 1.0 is invalid: expected a "
+        "number >= not_ready_backoff_s (2.0)"
+    ):
+        _parse(not_ready_backoff_s=2)
+
+
+def test_backoff_max_equal_to_backoff_is_accepted():
+    config = _parse(not_ready_backoff_s=0.5, not_ready_backoff_max_s=0.5)
+    assert (config.not_ready_backoff_s, config.not_ready_backoff_max_s) == (0.5, 0.5)
+
+
+# --- choices and text --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("value", ["UCX", "LIBFABRIC", "GDS", "POSIX", "OBJ", "MOONCAKE"])
+def test_nixl_backend_choices_are_accepted(value):
+    assert _parse(nixl_backend=value).nixl_backend == value
+
+
+@pytest.mark.parametrize(("value", "shown"), [("ucx", "'ucx'"), ("", "''"), (None, "None"), (1, "1")])
+def test_bad_nixl_backend_is_rejected(value, shown):
+    with _rejects(
+        f"ec_connector_extra_config['nixl_backend'] = {shown} is invalid: expected one of "
+        "'UCX', 'LIBFABRIC', 'GDS', 'POSIX', 'OBJ', 'MOONCAKE'"
+    ):
+        _parse(nixl_backend=value)
+
+
+@pytest.mark.parametrize("value", ["none", "peer"])
+def test_ucx_error_mode_choices_are_accepted(value):
+    assert _parse(ucx_error_mode=value).ucx_error_mode == value
+
+
+@pytest.mark.parametrize(
+    ("value", "shown"), [("PEER", "'PEER'"), ("", "''"), (None, "None"), (False, "False")]
+)
+def test_bad_ucx_error_mode_is_rejected(value, shown):
+    with _rejects(
+        f"ec_connector_extra_config['ucx_error_mode'] = {shown} is invalid: expected one of 'none', 'peer'"
+    ):
+        _parse(ucx_error_mode=value)
+
+
+def test_side_channel_secret_accepts_text_or_null():
+    assert _parse(side_channel_secret="s3cret").side_channel_secret == "s3cret"
+    assert _parse(side_channel_secret=None).side_channel_secret is None
+
+
+@pytest.mark.parametrize(("value", "shown"), [("", "''"), (42, "42"), (b"k", "b'k'")])
+def test_bad_side_channel_secret_is_rejected(value, shown):
+    with _rejects(
+        f"ec_connector_extra_config['side_channel_secret'] = {shown} is invalid: expected a "
+        "non-empty string or null"
+    ):
+        _parse(side_channel_secret=value)
+
+
+def test_event_feed_address_accepts_an_endpoint_or_null():
+    assert _parse(event_feed_address="tcp://127.0.0.1:5610").event_feed_address == "tcp://127.0.0.1:5610"
+    assert _parse(event_feed_address=None).event_feed_address is None
+
+
+@pytest.mark.parametrize(("value", "shown"), [("", "''"), (5610, "5610"), (["tcp://x:1"], "['tcp://x:1']")])
+def test_bad_event_feed_address_is_rejected(value, shown):
+    with _rejects(
+        f"ec_connector_extra_config['event_feed_address'] = {shown} is invalid: expected a ZMQ "
+        'endpoint string such as "tcp://127.0.0.1:5610", or null'
+    ):
+        _parse(event_feed_address=value)
+
+
+def test_full_config_is_parsed_into_every_field():
+    config = parse_config(
+        {
+            "ec_cpu_bytes": 4 * GIB,
+            "ec_enable_nixl": "yes",
+            "consumer_ack_timeout_s": 1,
+            "read_timeout_s": 5,
+            "quarantine_s": 7,
+            "producer_pin_lease_s": 9,
+            "announce_lease_s": 11,
+            "save_lease_s": 13,
+            "not_ready_backoff_s": 0.1,
+            "not_ready_backoff_max_s": 0.2,
+            "not_ready_give_up_s": 3,
+            "nixl_backend": "LIBFABRIC",
+            "ucx_error_mode": "peer",
+            "side_channel_secret": "k",
+            "event_feed_address": "tcp://h:1",
+        },
+        role="ec_both",
+    )
+    assert config == ConnectorConfig(
+        role=Role.BOTH,
+        cpu_bytes=4 * GIB,
+        enable_nixl=True,
+        consumer_ack_timeout_s=1.0,
+        read_timeout_s=5.0,
+        quarantine_s=7.0,
+        producer_pin_lease_s=9.0,
+        announce_lease_s=11.0,
+        save_lease_s=13.0,
+        not_ready_backoff_s=0.1,
+        not_ready_backoff_max_s=0.2,
+        not_ready_give_up_s=3.0,
+        nixl_backend="LIBFABRIC",
+        ucx_error_mode="peer",
+        side_channel_secret="k",
+        event_feed_address="tcp://h:1",
+    )
+
+
+# --- side channel environment ------------------------------------------------------------------
+
+
+def test_side_channel_defaults_to_localhost_5601():
+    assert side_channel_from_env({}) == SideChannel("localhost", 5601)
+
+
+def test_side_channel_reads_host_and_port():
+    env = {"VLLM_EC_SIDE_CHANNEL_HOST": "10.1.2.3", "VLLM_EC_SIDE_CHANNEL_PORT": "6000"}
+    assert side_channel_from_env(env) == SideChannel("10.1.2.3", 6000)
+
+
+@pytest.mark.parametrize("port", ["1", "65535"])
+def test_side_channel_accepts_the_port_range_ends(port):
+    assert side_channel_from_env({"VLLM_EC_SIDE_CHANNEL_PORT": port}).port == int(port)
+
+
+@pytest.mark.parametrize("port", ["abc", "0", "70000", "65536", "-1", "", "56.01"])
+def test_bad_side_channel_port_is_rejected(port):
+    with _rejects(f"VLLM_EC_SIDE_CHANNEL_PORT = {port!r} is invalid: expected an integer port 1-65535"):
+        side_channel_from_env({"VLLM_EC_SIDE_CHANNEL_PORT": port})
+
+
+@pytest.mark.parametrize("host", ["", "   "])
+def test_empty_side_channel_host_is_rejected(host):
+    with _rejects("VLLM_EC_SIDE_CHANNEL_HOST is empty: expected a host name or address"):
+        side_channel_from_env({"VLLM_EC_SIDE_CHANNEL_HOST": host})
+
+
+# --- error type --------------------------------------------------------------------------------
+
+
+BAD_CONFIGS = [
+    (None, "ec_producer"),
+    ({}, "ec_producer"),
+    ({"ec_cpu_bytes": 0}, "ec_producer"),
+    ({"ec_cpu_bytes": GIB, "ec_enable_nixl": 1}, "ec_producer"),
+    ({"ec_cpu_bytes": GIB, "read_timeout_s": -1}, "ec_producer"),
+    ({"ec_cpu_bytes": GIB, "bogus": 1}, "ec_producer"),
+    ({"ec_cpu_bytes": GIB}, "nope"),
+    ([], "ec_producer"),
+    ({"ec_cpu_bytes": GIB, "nixl_backend": "x"}, "ec_producer"),
+    ({"ec_cpu_bytes": GIB, "not_ready_backoff_max_s": 0.001}, "ec_producer"),
+]
+
+
+@pytest.mark.parametrize(("extra", "role"), BAD_CONFIGS)
+def test_every_config_error_is_a_value_error(extra, role):
+    with pytest.raises(ValueError) as info:
+        parse_config(extra, role=role)
+    assert isinstance(info.value, ConfigError)
+
+
+def test_env_and_layout_config_errors_are_value_errors():
+    with pytest.raises(ValueError):
+        side_channel_from_env({"VLLM_EC_SIDE_CHANNEL_PORT": "x"})
+    with pytest.raises(ValueError):
+        Layout.for_budget(1, hidden_dim=8, dtype="float32")
+    assert issubclass(ConfigError, ValueError)
