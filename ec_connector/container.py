@@ -34,10 +34,10 @@ def _layout(config: ConnectorConfig, hidden_dim: int, dtype: str) -> Layout:
     return Layout.for_budget(config.cpu_bytes, hidden_dim=hidden_dim, dtype=dtype)
 
 
-def _memory_region(layout: Layout, instance: str, dp_rank: int) -> Iterator[Region]:
+def _memory_region(layout: Layout, instance: str, dp_rank: int, ranks: int) -> Iterator[Region]:
     from ec_connector.adapters.memory import MemoryRegion
 
-    region = MemoryRegion(layout, name=f"memory_{instance}_dp{dp_rank}")
+    region = MemoryRegion(layout, name=f"memory_{instance}_dp{dp_rank}", ranks=ranks)
     yield region
     region.close()
 
@@ -97,7 +97,11 @@ class Container(containers.DeclarativeContainer):
     region = providers.Selector(
         settings.tier,
         memory=providers.Resource(
-            _memory_region, layout, instance=settings.instance, dp_rank=settings.dp_rank
+            _memory_region,
+            layout,
+            instance=settings.instance,
+            dp_rank=settings.dp_rank,
+            ranks=settings.ranks,
         ),
         shm=providers.Resource(
             _shm_region,

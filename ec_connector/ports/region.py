@@ -24,11 +24,17 @@ class Region(Protocol):
         ...
 
     def post_completion(self, completion: Completion) -> None:
-        """Record that a rank finished a copy; non-blocking; safe from any local process."""
+        """Record that a rank finished a copy; non-blocking; safe from any local process.
+
+        Raises ValueError for a rank outside 0..ranks-1 or a ticket outside 1..2**62-1, and
+        RegionError when the reader has fallen so far behind that the report cannot be kept
+        (a report is never dropped or overwritten silently).
+        """
         ...
 
     def drain_completions(self) -> list[Completion]:
-        """Completions posted since the last drain, each returned once; one reader only."""
+        """Completions posted since the last drain, each returned once, in posting order per rank;
+        one reader only."""
         ...
 
     def close(self) -> None:

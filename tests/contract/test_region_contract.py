@@ -45,7 +45,7 @@ def region_factory(request: pytest.FixtureRequest, shm_dir: Path) -> Iterator[Re
     def make(layout: Layout = LAYOUT) -> Region:
         region: Region
         if request.param == "memory":
-            region = MemoryRegion(layout, name=f"memory-{len(made)}")
+            region = MemoryRegion(layout, name=f"memory-{len(made)}", ranks=RANKS)
         else:
             region = ShmRegion.open(
                 instance=f"contract-{uuid.uuid4().hex[:8]}",
@@ -170,3 +170,11 @@ def test_regions_made_by_the_factory_are_independent(region_factory: RegionFacto
     a.post_completion(Completion(0, 1))
     assert b.drain_completions() == []
     assert a.drain_completions() == [Completion(0, 1)]
+
+
+@pytest.mark.parametrize("rank, ticket", [(-1, 1), (RANKS, 1), (0, 0), (0, 1 << 62)])
+def test_completion_with_bad_rank_or_ticket_is_rejected(region_factory, rank, ticket):
+    region = region_factory()
+    with pytest.raises(ValueError):
+        region.post_completion(Completion(rank, ticket))
+    assert region.drain_completions() == []

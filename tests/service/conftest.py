@@ -53,7 +53,7 @@ class Engine:
             cpu_bytes=self.layout.data_bytes,
             **config,  # type: ignore[arg-type]
         )
-        self.region = MemoryRegion(self.layout)
+        self.region = MemoryRegion(self.layout, ranks=ranks)
         self.clock = ManualClock()
         self.events = RecordingEventSink()
         self.scheduler = TierScheduler(

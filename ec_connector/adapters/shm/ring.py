@@ -63,8 +63,8 @@ class CompletionRings:
                 f"completion rank {rank!r} is outside 0..{self._geo.ranks - 1} (region {self._name} "
                 f"has {self._geo.ranks} ranks)"
             )
-        if isinstance(ticket, bool) or not isinstance(ticket, int) or not 0 <= ticket < TICKET_LIMIT:
-            raise ValueError(f"completion ticket {ticket!r} is outside 0..2**62-1")
+        if isinstance(ticket, bool) or not isinstance(ticket, int) or not 0 < ticket < TICKET_LIMIT:
+            raise ValueError(f"completion ticket {ticket!r} is outside 1..2**62-1")
 
     def post(self, completion: Completion) -> None:
         self.check(completion)
