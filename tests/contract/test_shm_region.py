@@ -507,11 +507,11 @@ def test_an_unjoined_forked_copy_closing_does_not_drop_the_owners_lock(shm_dir: 
 def test_a_full_ring_refuses_posts_and_never_overwrites(shm_dir: Path) -> None:
     with _open(_instance(), shm_dir, ranks=2, ring_slots=8) as region:
         for n in range(8):
-            region.post_completion(Completion(1, n))
+            region.post_completion(Completion(1, n + 1))
         with pytest.raises(RegionError, match="rank 1 .* is full"):
             region.post_completion(Completion(1, 99))
         region.post_completion(Completion(0, 5))  # other ranks are unaffected
-        assert region.drain_completions() == [Completion(0, 5)] + [Completion(1, n) for n in range(8)]
+        assert region.drain_completions() == [Completion(0, 5)] + [Completion(1, n + 1) for n in range(8)]
         region.post_completion(Completion(1, 100))
         assert region.drain_completions() == [Completion(1, 100)]
 
