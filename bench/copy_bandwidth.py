@@ -33,6 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from ec_connector.adapters.memory import MemoryRegion  # noqa: E402
 from ec_connector.adapters.torch_copy import TorchCopier  # noqa: E402
+from ec_connector.adapters.torch_copy.copier import DMA_MIN_BYTES  # noqa: E402
 from ec_connector.domain.blocks import Extent, ExtentAllocator  # noqa: E402
 from ec_connector.domain.layout import Layout  # noqa: E402
 from ec_connector.domain.transfers import PlannedCopy, SaveJob  # noqa: E402
@@ -202,7 +203,13 @@ class Bench:
         num_blocks = int(largest * 2.2) + 64
         region = MemoryRegion(Layout(hidden_dim=width, dtype="bfloat16", num_blocks=num_blocks), name="bench")
         t0 = time.perf_counter()
-        copier = TorchCopier(region, device=dev.device, tile_bytes=args.tile_bytes, num_warps=args.num_warps)
+        copier = TorchCopier(
+            region,
+            device=dev.device,
+            tile_bytes=args.tile_bytes,
+            num_warps=args.num_warps,
+            dma_min_bytes=args.dma_min_bytes,
+        )
         print(
             f"# width {width} ({row_bytes / 1024:g} KiB rows): region "
             f"{num_blocks * row_bytes / MiB:.0f} MiB, copier ready in {time.perf_counter() - t0:.2f}s",
@@ -462,6 +469,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--tile-bytes", type=int, default=16384)
     parser.add_argument("--num-warps", type=int, default=4)
     parser.add_argument(
+        "--dma-min-bytes",
+        type=lambda v: None if v == "none" else int(v),
+        default=DMA_MIN_BYTES,
+        help="runs this long or longer use the copy engines ('none': the kernel copies every run)",
+    )
+    parser.add_argument(
         "--alternatives", action="store_true", help="also time per-run memcpy and UVA index ops"
     )
     parser.add_argument("--json", type=Path, default=None, help="write every number here")
@@ -476,7 +489,7 @@ def main(argv: list[str] | None = None) -> None:
     print(f"# device {dev.device}" + (f" ({torch.cuda.get_device_name(dev.device)})" if dev.cuda else ""))
     print(
         f"# torch {torch.__version__}, tile_bytes {args.tile_bytes}, num_warps {args.num_warps}, "
-        f"reps {args.reps}"
+        f"dma_min_bytes {args.dma_min_bytes}, reps {args.reps}"
     )
     if dev.cuda:
         import triton

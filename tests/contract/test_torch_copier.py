@@ -7,8 +7,11 @@ from __future__ import annotations
 
 import itertools
 import random
+import shutil
 import time
+import uuid
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import torch
@@ -182,17 +185,23 @@ def test_timings_describe_each_finished_batch(copier: TorchCopier) -> None:
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_a_closed_copier_lets_the_shm_region_unmap_at_once(device: str, tmp_path: object) -> None:
+def test_a_closed_copier_lets_the_shm_region_unmap_at_once(device: str) -> None:
+    # on /dev/shm: CUDA refuses to register MAP_SHARED mappings of some other file systems
     shm = pytest.importorskip("ec_connector.adapters.shm")
     structlog = pytest.importorskip("structlog")
-    region = shm.ShmRegion.open(instance="copier-unmap", dp_rank=0, layout=LAYOUT, shm_dir=tmp_path)
-    copier = TorchCopier(region, device=device)
-    copier.save([SaveJob(planned((Extent(0, 3),)), payload(3, LAYOUT, device))])
-    copier.load([planned((Extent(0, 3),))])
-    copier.close()
-    with structlog.testing.capture_logs() as logs:
-        region.close()
-    assert [e for e in logs if e["event"] == "region_unmap_deferred"] == []
+    directory = Path("/dev/shm") / f"ec_copier_test_{uuid.uuid4().hex[:12]}"
+    directory.mkdir(mode=0o700)
+    try:
+        region = shm.ShmRegion.open(instance="copier-unmap", dp_rank=0, layout=LAYOUT, shm_dir=directory)
+        copier = TorchCopier(region, device=device)
+        copier.save([SaveJob(planned((Extent(0, 3),)), payload(3, LAYOUT, device))])
+        copier.load([planned((Extent(0, 3),))])
+        copier.close()
+        with structlog.testing.capture_logs() as logs:
+            region.close()
+        assert [e for e in logs if e["event"] == "region_unmap_deferred"] == []
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
 
 
 # -- CUDA only ---------------------------------------------------------------------------------
@@ -316,3 +325,44 @@ def test_a_large_scattered_batch_round_trips() -> None:
     finally:
         copier.close()
         region.close()
+
+
+@CUDA
+@pytest.mark.parametrize("dma_min_rows", [None, 1, 4], ids=["kernel-only", "dma-only", "split"])
+def test_runs_split_between_copy_engines_and_kernel_round_trip(
+    region: MemoryRegion, dma_min_rows: int | None
+) -> None:
+    """Long runs go to the copy engines, short ones to the kernel; any mix lands the same bytes."""
+    rb = LAYOUT.block_size_bytes
+    copier = TorchCopier(
+        region, device="cuda", dma_min_bytes=None if dma_min_rows is None else dma_min_rows * rb
+    )
+    try:
+        rng = random.Random(dma_min_rows)
+        blocks = list(range(0, LAYOUT.num_blocks, 10))
+        rng.shuffle(blocks)
+        entries = []
+        for _ in range(6):
+            runs = [Extent(blocks.pop(), rng.randint(1, 8)) for _ in range(rng.randint(1, 6))]
+            entries.append(tuple(runs))
+        flat = payload(400, LAYOUT, "cuda", seed=9).view(-1)
+        sources, pos = [], 1  # the first source starts 2 bytes in: a misaligned batch
+        for ext in entries:
+            rows = sum(e.length for e in ext)
+            sources.append(flat[pos : pos + rows * LAYOUT.hidden_dim].view(rows, LAYOUT.hidden_dim))
+            pos += rows * LAYOUT.hidden_dim + 8
+        aligned = [
+            payload(sum(e.length for e in ext), LAYOUT, "cuda", seed=i) for i, ext in enumerate(entries)
+        ]
+        for batch in (sources, aligned):
+            copier.save([SaveJob(planned(ext), src) for ext, src in zip(entries, batch, strict=True)])
+            drain(copier)
+            for ext, src in zip(entries, batch, strict=True):
+                assert region_bytes(region, ext) == as_bytes(src)
+            out = copier.load([planned(ext) for ext in entries])
+            assert [as_bytes(o) for o in out] == [as_bytes(s) for s in batch]
+            [single] = copier.load([planned(entries[0])])
+            assert as_bytes(single) == as_bytes(batch[0])
+            drain(copier)
+    finally:
+        copier.close()

@@ -14,13 +14,16 @@ from ec_connector.domain.layout import Layout
 from ec_connector.domain.transfers import PlannedCopy, SaveJob
 from ec_connector.ports.region import Region
 
+DMA_MIN_BYTES = 256 * 1024  # measured break-even between the copy engines and the kernel (H200)
+
 
 class TorchCopier:
     """Copies `[rows, hidden_dim]` tensors of the layout's dtype to and from the region's blocks.
 
     `device` is "cpu" or a CUDA device. Payloads must be on that device; non-contiguous payloads are
     copied to a contiguous tensor first. CUDA options (ignored on CPU): `streams` per direction;
-    `tile_bytes` and `num_warps` size the copy kernel. Close the copier before its region: it holds
+    runs of at least `dma_min_bytes` go to the copy engines (None: none do), shorter ones to the
+    copy kernel, whose tiles `tile_bytes` and `num_warps` size. Close the copier before its region: it holds
     a view of the region's memory (and, on CUDA, a registration) until `close()`.
     """
 
@@ -32,6 +35,7 @@ class TorchCopier:
         streams: int = 2,
         tile_bytes: int = 16384,
         num_warps: int = 4,
+        dma_min_bytes: int | None = DMA_MIN_BYTES,
     ) -> None:
         layout = region.layout
         self._region_name = region.name
@@ -47,7 +51,13 @@ class TorchCopier:
             self._engine: CpuEngine | CudaEngine = CpuEngine(region, self._dtype)
         elif dev.type == "cuda":
             self._engine = CudaEngine(
-                region, self._dtype, dev, streams=streams, tile_bytes=tile_bytes, num_warps=num_warps
+                region,
+                self._dtype,
+                dev,
+                streams=streams,
+                tile_bytes=tile_bytes,
+                num_warps=num_warps,
+                dma_min_bytes=dma_min_bytes,
             )
         else:
             raise ValueError(f"TorchCopier device {device!r} is not supported; use 'cpu' or 'cuda[:N]'")

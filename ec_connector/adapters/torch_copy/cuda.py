@@ -1,11 +1,15 @@
-"""CUDA engine: one kernel per batch through the region's mapped pointer, on pooled streams.
+"""CUDA engine: each batch is one stream-ordered sequence on a pooled copy stream.
 
-Per batch, on the caller's thread: validate, stage the run table (3 int64 per run) in pinned
-memory, then on a copy stream: wait for the caller's stream (a reused fence event), record the start
-event, copy the table to the device, launch the copy kernel, record the end event. No per-row host
-work, no host synchronisation. Sources stay referenced until the end event has fired; load outputs
-are allocated on the caller's stream, marked as used by the copy stream, and the caller's stream
-waits on the end event, so anything queued after `load` sees the bytes.
+    caller stream --fence--> copy stream: start event, [run table upload, copy kernel for the short
+    runs], [one batched cudaMemcpyAsync of the long runs], end event
+
+Long runs (>= `dma_min_bytes`) go to the copy engines, which reach the PCIe limit; short runs go to
+one Triton kernel that reads or writes the region through its mapped device address, so a batch
+costs one launch whatever its fragmentation. No per-row host work and no host synchronisation;
+the launch path uses raw runtime calls (cudart.py) and pre-compiled kernels (kernels.Launcher).
+Sources stay referenced until the end event has fired; load outputs are allocated on the caller's
+stream, marked as used by the copy stream, and the caller's stream waits on the end event, so
+anything queued after `load` sees the bytes.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ import torch
 
 from ec_connector.adapters.torch_copy import hostmem
 from ec_connector.adapters.torch_copy.cpu import release_view
+from ec_connector.adapters.torch_copy.cudart import runtime
 from ec_connector.adapters.torch_copy.plan import CopyTiming, Runs
 from ec_connector.domain.errors import RegionError
 from ec_connector.ports.region import Region
@@ -33,8 +38,8 @@ class _Slot:
         self.capacity = runs
         self.pinned = torch.empty(3 * runs, dtype=torch.int64, pin_memory=True)
         self.device = torch.empty(3 * runs, dtype=torch.int64, device=device)
-        self.address = self.pinned.data_ptr()
-        self.staged = 0
+        self.pinned_address = self.pinned.data_ptr()
+        self.device_address = self.device.data_ptr()
 
 
 @dataclass(slots=True)
@@ -42,8 +47,8 @@ class _Batch:
     direction: str
     tickets: list[int]
     nbytes: int
-    start: torch.cuda.Event
-    end: torch.cuda.Event
+    start: int
+    end: int
     slot: _Slot | None
     keep: tuple[torch.Tensor, ...]
 
@@ -58,19 +63,24 @@ class CudaEngine:
         streams: int,
         tile_bytes: int,
         num_warps: int,
+        dma_min_bytes: int | None,
     ) -> None:
         from ec_connector.adapters.torch_copy import kernels
 
         if streams < 1:
             raise ValueError(f"TorchCopier streams must be >= 1, got {streams}")
-        self._kernels = kernels
         lay = region.layout
+        if lay.num_blocks >= 1 << 31:
+            raise ValueError(f"region {region.name!r} has {lay.num_blocks} blocks; at most 2**31 - 1")
+        self._kernels = kernels
+        self._rt = runtime()
         self._device = device
+        self._index = device.index
         self._dtype = dtype
         self._width = lay.hidden_dim
         self._row_bytes = lay.block_size_bytes
-        self._tile_bytes = tile_bytes
-        self._num_warps = num_warps
+        rb = self._row_bytes
+        self._big_rows = None if dma_min_bytes is None else max(1, -(-dma_min_bytes // rb))
         self._view: memoryview | None = region.data()
         self._host: torch.Tensor | None = torch.frombuffer(self._view, dtype=torch.uint8)
         address = self._host.data_ptr()
@@ -86,15 +96,17 @@ class CudaEngine:
         except Exception:
             hostmem.release(self._registration)
             raise
-        self._region_words: dict[int, torch.Tensor] = {}
-        self._base_align = self._row_bytes | self._registration.device_address
+        self._host_address = address
+        self._region_words = {w: self._region.view(t) for w, t in _WORD_DTYPES.items() if rb % w == 0}
+        self._base_align = rb | self._registration.device_address
+        self._launcher = kernels.Launcher(rb, tile_bytes=tile_bytes, num_warps=num_warps)
         with torch.cuda.device(device):
             self._save_streams = [torch.cuda.Stream(device) for _ in range(streams)]
             self._load_streams = [torch.cuda.Stream(device) for _ in range(streams)]
-            self._fence = torch.cuda.Event()
+        self._fence = self._rt.event(timing=False)
         self._turn = 0
         self._pending: list[_Batch] = []
-        self._events: list[tuple[torch.cuda.Event, torch.cuda.Event]] = []
+        self._events: list[tuple[int, int]] = []
         self._slots: list[_Slot] = []
         self._timings: list[CopyTiming] = []
         self._no_table = torch.zeros(3, dtype=torch.int64, device=device)
@@ -103,40 +115,30 @@ class CudaEngine:
     # -- the two directions -------------------------------------------------------------------
 
     def save(self, runs: Runs, payloads: list[torch.Tensor]) -> None:
-        caller = torch.cuda.current_stream(self._device)
+        caller = torch._C._cuda_getCurrentRawStream(self._index)
         sources = tuple(p if p.is_contiguous() else p.contiguous() for p in payloads)
         pointers = [p.data_ptr() for p in sources]
         align = self._base_align
         for ptr in pointers:
             align |= ptr
         word, vec = _word(align)
+        rb = self._row_bytes
+        bases, first = [], 0  # bases[e] + r * rb = address of batch row r, for rows of entry e
+        for ptr, rows in zip(pointers, runs.rows, strict=True):
+            bases.append(ptr - first * rb)
+            first += rows
         dense = sources[0].view(_WORD_DTYPES[word])
-        if len(sources) == 1 and len(runs.starts) <= self._kernels.INLINE_RUNS:
-            slot = None
-        else:
-            row_words = self._row_bytes // word
-            base = pointers[0]
-            deltas: list[int] = []
-            first = 0
-            for ptr, rows, count in zip(pointers, runs.rows, runs.counts, strict=True):
-                deltas += [(ptr - base) // word - first * row_words] * count
-                first += rows
-            slot = self._stage(runs, deltas)
         stream = self._next(self._save_streams)
-        start, end = self._launch(caller, stream, slot, runs, dense, word, vec, save=True)
-        self._track("save", runs, start, end, slot, sources)
+        self._submit("save", runs, caller, stream, dense, bases, word, vec, sources)
 
     def load(self, runs: Runs) -> tuple[torch.Tensor, ...]:
-        caller = torch.cuda.current_stream(self._device)
+        caller = torch._C._cuda_getCurrentRawStream(self._index)
         out = torch.empty((runs.total_rows, self._width), dtype=self._dtype, device=self._device)
         word, vec = _word(self._base_align)
-        slot = None if len(runs.starts) <= self._kernels.INLINE_RUNS else self._stage(runs, None)
         stream = self._next(self._load_streams)
-        dense = out.view(_WORD_DTYPES[word])
-        start, end = self._launch(caller, stream, slot, runs, dense, word, vec, save=False)
+        end = self._submit("load", runs, caller, stream, out.view(_WORD_DTYPES[word]), None, word, vec, ())
         out.record_stream(stream)
-        caller.wait_event(end)
-        self._track("load", runs, start, end, slot, ())
+        self._rt.wait(caller, end)
         return out.split(runs.rows)
 
     # -- completion ------------------------------------------------------------------------------
@@ -145,7 +147,7 @@ class CudaEngine:
         done: list[int] = []
         still: list[_Batch] = []
         for batch in self._pending:
-            if batch.end.query():
+            if self._rt.done(batch.end):
                 done += batch.tickets
                 self._retire(batch)
             else:
@@ -164,11 +166,16 @@ class CudaEngine:
         """Wait for every batch, unregister, release the region view; returns the tickets not polled."""
         done: list[int] = []
         for batch in self._pending:
-            batch.end.synchronize()
+            self._rt.synchronize(batch.end)
             done += batch.tickets
+            self._events.append((batch.start, batch.end))
         self._pending = []
-        self._slots = []
+        for start, end in self._events:
+            self._rt.destroy(start)
+            self._rt.destroy(end)
+        self._rt.destroy(self._fence)
         self._events = []
+        self._slots = []
         self._region_words = {}
         del self._region
         hostmem.release(self._registration)
@@ -184,80 +191,113 @@ class CudaEngine:
         self._turn += 1
         return streams[self._turn % len(streams)]
 
-    def _stage(self, runs: Runs, deltas: list[int] | None) -> _Slot:
-        """Write the run table into a free slot's pinned buffer (`staged` int64 values)."""
-        slot = self._take_slot(len(runs.starts))
-        table = array("q", accumulate(runs.lengths, initial=0))
-        table.pop()
-        table.extend(runs.starts)
-        if deltas is not None:
-            table.extend(deltas)
-        address, count = table.buffer_info()
-        ctypes.memmove(slot.address, address, count * table.itemsize)
-        slot.staged = count
-        return slot
-
-    def _launch(
-        self,
-        caller: torch.cuda.Stream,
-        stream: torch.cuda.Stream,
-        slot: _Slot | None,
-        runs: Runs,
-        dense: torch.Tensor,
-        word: int,
-        vec: int,
-        *,
-        save: bool,
-    ) -> tuple[torch.cuda.Event, torch.cuda.Event]:
-        """Queue fence wait, start event, table upload (unless inline), kernel, end event on `stream`."""
-        start, end = self._events.pop() if self._events else _event_pair()
-        row_words = self._row_bytes // word
-        if slot is None:
-            inline = self._kernels.inline_runs(runs.starts, runs.lengths, runs.total_rows)
-            table = self._no_table
-        else:
-            inline = None
-            table = slot.device
-        self._fence.record(caller)
-        stream.wait_event(self._fence)
-        torch.cuda.set_stream(stream)
-        try:
-            start.record(stream)
-            if slot is not None:
-                slot.device[: slot.staged].copy_(slot.pinned[: slot.staged], non_blocking=True)
-            self._kernels.copy_runs(
-                self._words(word),
-                dense,
-                table,
-                n_runs=len(runs.starts),
-                total_rows=runs.total_rows,
-                row_words=row_words,
-                inline=inline,
-                save=save,
-                delta=save and slot is not None,
-                vec=vec,
-                block=self._kernels.tile(row_words, word, self._tile_bytes),
-                num_warps=self._num_warps,
-            )
-            end.record(stream)
-        finally:
-            torch.cuda.set_stream(caller)
-        return start, end
-
-    def _track(
+    def _submit(
         self,
         direction: str,
         runs: Runs,
-        start: torch.cuda.Event,
-        end: torch.cuda.Event,
-        slot: _Slot | None,
+        caller: int,
+        stream_obj: torch.cuda.Stream,
+        dense: torch.Tensor,
+        bases: list[int] | None,
+        word: int,
+        vec: int,
         keep: tuple[torch.Tensor, ...],
-    ) -> None:
-        nbytes = runs.total_rows * self._row_bytes
-        self._pending.append(_Batch(direction, runs.tickets, nbytes, start, end, slot, keep))
+    ) -> int:
+        """Queue the batch on `stream_obj`; returns its end event. `bases=None`: one dense tensor."""
+        save = direction == "save"
+        rb = self._row_bytes
+        starts, lengths = runs.starts, runs.lengths
+        n = len(lengths)
+        dense_address = dense.data_ptr()
+        big = self._big_rows
+        if big is None or n == 0 or max(lengths) < big:
+            long_runs: list[int] = []
+        elif min(lengths) >= big:
+            long_runs = list(range(n))
+        else:
+            long_runs = [i for i in range(n) if lengths[i] >= big]
+        firsts = list(accumulate(lengths, initial=0))  # batch row where each run begins
+        firsts.pop()
+        # run i lives at dense address run_base[i] + firsts[i] * rb
+        if bases is None:
+            run_base = None
+        else:
+            run_base = []
+            for b, count in zip(bases, runs.counts, strict=True):
+                run_base += [b] * count
+
+        slot: _Slot | None = None
+        kernel = None
+        if len(long_runs) < n:
+            short = None if not long_runs else [i for i in range(n) if lengths[i] < big]  # type: ignore[operator]
+            k_firsts, k_starts, k_lengths, k_rows, delta = _kernel_runs(
+                runs, firsts, run_base, short, dense_address=dense_address, word=word, row_bytes=rb
+            )
+            inline = None
+            if delta is None and len(k_starts) <= self._kernels.INLINE_RUNS:
+                inline = self._kernels.inline_runs(k_starts, k_lengths, k_rows)
+            else:
+                slot = self._stage(k_firsts, k_starts, delta)
+            kernel = (len(k_starts), k_rows, inline, delta is not None)
+
+        start, end = (
+            self._events.pop() if self._events else (self._rt.event(timing=True), self._rt.event(timing=True))
+        )
+        stream = stream_obj.cuda_stream
+        rt = self._rt
+        rt.record(self._fence, caller)
+        rt.wait(stream, self._fence)
+        rt.record(start, stream)
+        if kernel is not None:
+            k_runs, k_rows, inline, has_delta = kernel
+            if slot is not None:
+                rt.memcpy(slot.device_address, slot.pinned_address, 3 * k_runs * 8, stream)
+            self._launcher.launch(
+                stream,
+                self._region_words[word],
+                dense,
+                self._no_table if slot is None else slot.device,
+                word=word,
+                vec=vec,
+                n_runs=k_runs,
+                total_rows=k_rows,
+                inline=inline,
+                save=save,
+                delta=has_delta,
+                dense_aligned=dense_address % 16 == 0,
+            )
+        if long_runs:
+            host = self._host_address
+            hosts = array("Q", [host + starts[i] * rb for i in long_runs])
+            if run_base is None:
+                denses = array("Q", [dense_address + firsts[i] * rb for i in long_runs])
+            else:
+                denses = array("Q", [run_base[i] + firsts[i] * rb for i in long_runs])
+            sizes = array("Q", [lengths[i] * rb for i in long_runs])
+            if save:
+                rt.memcpy_many(hosts, denses, sizes, stream)
+            else:
+                rt.memcpy_many(denses, hosts, sizes, stream)
+        rt.record(end, stream)
+        self._pending.append(_Batch(direction, runs.tickets, runs.total_rows * rb, start, end, slot, keep))
+        return end
+
+    def _stage(self, firsts: list[int], starts: list[int], delta: list[int] | None) -> _Slot:
+        """Write the run table (first, start, delta columns) into a free slot's pinned buffer."""
+        n = len(starts)
+        slot = self._take_slot(n)
+        table = array("q", firsts)
+        table.extend(starts)
+        if delta is not None:
+            table.extend(delta)
+        else:
+            table.frombytes(bytes(8 * n))  # unused column, kept so the layout is fixed
+        address, count = table.buffer_info()
+        ctypes.memmove(slot.pinned_address, address, count * table.itemsize)
+        return slot
 
     def _retire(self, batch: _Batch) -> None:
-        seconds = batch.start.elapsed_time(batch.end) / 1e3
+        seconds = self._rt.elapsed(batch.start, batch.end)
         self._timings.append(CopyTiming(batch.direction, tuple(batch.tickets), batch.nbytes, seconds))
         self._events.append((batch.start, batch.end))
         if batch.slot is not None:
@@ -269,27 +309,61 @@ class CudaEngine:
                 return self._slots.pop(i)
         return _Slot(max(1024, 1 << (runs - 1).bit_length()), self._device)
 
-    def _words(self, word: int) -> torch.Tensor:
-        view = self._region_words.get(word)
-        if view is None:
-            view = self._region_words[word] = self._region.view(_WORD_DTYPES[word])
-        return view
-
     def _warmup(self) -> None:
+        """Compile the variants a 16-byte-aligned batch uses now, not on the engine's first step."""
         word, vec = _word(self._base_align | 16)
-        row_words = self._row_bytes // word
-        dense = torch.empty(16, dtype=_WORD_DTYPES[word], device=self._device)
-        with torch.cuda.device(self._device):
-            self._kernels.warmup(
-                self._words(word),
+        dense = torch.empty(64, dtype=_WORD_DTYPES[word], device=self._device)
+        for save, delta, inline in (
+            (True, True, False),
+            (True, False, True),
+            (False, False, False),
+            (False, False, True),
+        ):
+            self._launcher.prepare(
+                self._region_words[word],
                 dense,
                 self._no_table,
-                row_words=row_words,
+                word=word,
                 vec=vec,
-                block=self._kernels.tile(row_words, word, self._tile_bytes),
-                num_warps=self._num_warps,
+                inline=inline,
+                save=save,
+                delta=delta,
+                dense_aligned=True,
             )
-            torch.cuda.current_stream(self._device).synchronize()
+
+
+def _kernel_runs(
+    runs: Runs,
+    firsts: list[int],
+    run_base: list[int] | None,
+    short: list[int] | None,
+    *,
+    dense_address: int,
+    word: int,
+    row_bytes: int,
+) -> tuple[list[int], list[int], list[int], int, list[int] | None]:
+    """The runs the kernel copies (all, or those indexed by `short`), numbered in its own row space.
+
+    Returns (firsts, starts, lengths, rows, delta): the kernel puts its row r of run i at dense word
+    `r * row_words + delta[i]` (delta None: all zero).
+    """
+    if short is None:
+        starts, lengths, rows = runs.starts, runs.lengths, runs.total_rows
+        if run_base is None:
+            return firsts, starts, lengths, rows, None
+        delta = [(b - dense_address) // word for b in run_base]
+        return firsts, starts, lengths, rows, (delta if any(delta) else None)
+    starts = [runs.starts[i] for i in short]
+    lengths = [runs.lengths[i] for i in short]
+    k_firsts = list(accumulate(lengths, initial=0))
+    rows = k_firsts.pop()
+    row_words = row_bytes // word
+    if run_base is None:
+        at = [dense_address + firsts[i] * row_bytes for i in short]
+    else:
+        at = [run_base[i] + firsts[i] * row_bytes for i in short]
+    delta = [(a - dense_address) // word - f * row_words for a, f in zip(at, k_firsts, strict=True)]
+    return k_firsts, starts, lengths, rows, (delta if any(delta) else None)
 
 
 def _word(align: int) -> tuple[int, int]:
@@ -297,7 +371,3 @@ def _word(align: int) -> tuple[int, int]:
     a = min(align & -align, 16) if align else 16
     word = min(a, 8)
     return word, a // word
-
-
-def _event_pair() -> tuple[torch.cuda.Event, torch.cuda.Event]:
-    return torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)

@@ -1,51 +1,21 @@
 """Page-locking the region for the GPU (`cudaHostRegister`, mapped + portable) in this process.
 
-The CUDA runtime is the one torch loaded, reached through ctypes (found in /proc/self/maps), so the
-registration and the device pointer come from the same runtime torch uses. Where that library
-cannot be found, torch's own `cudart()` binding registers and the host address is used as the device
-address (true wherever the device reports `canUseHostPointerForRegisteredMem`, e.g. x86-64 Linux).
+Calls go to the CUDA runtime torch loaded (see cudart.py), so the registration and the device
+pointer belong to the same runtime state torch uses.
 """
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
 import threading
 from typing import Any
 
 import torch
 
+from ec_connector.adapters.torch_copy.cudart import ALREADY_REGISTERED, runtime
 from ec_connector.domain.errors import RegionError
 
 _PORTABLE = 0x01
 _MAPPED = 0x02
-_ALREADY_REGISTERED = 712
-
-
-def _runtime_library() -> ctypes.CDLL | None:
-    try:
-        with open("/proc/self/maps") as maps:
-            paths = {line.split()[-1] for line in maps if "libcudart" in line}
-    except OSError:
-        paths = set()
-    found = ctypes.util.find_library("cudart")
-    for path in sorted(paths) + ([found] if found else []):
-        try:
-            lib = ctypes.CDLL(path)
-            lib.cudaHostRegister.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_uint]
-            lib.cudaHostUnregister.argtypes = [ctypes.c_void_p]
-            lib.cudaHostGetDevicePointer.argtypes = [
-                ctypes.POINTER(ctypes.c_void_p),
-                ctypes.c_void_p,
-                ctypes.c_uint,
-            ]
-            lib.cudaGetErrorString.restype = ctypes.c_char_p
-            lib.cudaGetErrorString.argtypes = [ctypes.c_int]
-            lib.cudaGetLastError.restype = ctypes.c_int
-            return lib
-        except (OSError, AttributeError):
-            continue
-    return None
 
 
 class HostRegistration:
@@ -61,16 +31,17 @@ class HostRegistration:
         self.nbytes = nbytes
         self._name = name
         self._owned = False
+        self._rt = runtime()
         with torch.cuda.device(device):
-            torch.cuda.init()
-            self._lib = _runtime_library()
-            err = self._register()
-            if err == _ALREADY_REGISTERED:
-                self._clear_error()
+            err = self._rt.host_register(address, nbytes, _PORTABLE | _MAPPED)
+            if err == ALREADY_REGISTERED:
+                self._rt.clear_error()
             elif err:
+                self._rt.clear_error()
                 raise RegionError(
                     f"cudaHostRegister of region {name!r} ({nbytes} bytes at {address:#x}) failed: "
-                    f"{self._describe(err)}; check the locked-memory limit (ulimit -l) and the GPU"
+                    f"{self._rt.describe(err)}; the region must be anonymous or /dev/shm (tmpfs) memory "
+                    "within the locked-memory limit (ulimit -l)"
                 )
             else:
                 self._owned = True
@@ -89,40 +60,19 @@ class HostRegistration:
 
     def close(self) -> None:
         """Unregister if this object registered the range; idempotent."""
-        if not self._owned:
-            return
-        self._owned = False
-        if self._lib is not None:
-            self._lib.cudaHostUnregister(ctypes.c_void_p(self.address))
-        else:
-            torch.cuda.cudart().cudaHostUnregister(self.address)
-
-    def _register(self) -> int:
-        flags = _PORTABLE | _MAPPED
-        if self._lib is not None:
-            return int(self._lib.cudaHostRegister(ctypes.c_void_p(self.address), self.nbytes, flags))
-        return _code(torch.cuda.cudart().cudaHostRegister(self.address, self.nbytes, flags))
-
-    def _clear_error(self) -> None:
-        if self._lib is not None:
-            self._lib.cudaGetLastError()
+        if self._owned:
+            self._owned = False
+            if self._rt.host_unregister(self.address):
+                self._rt.clear_error()
 
     def _device_pointer(self, host: int) -> int:
-        if self._lib is None:
-            return host
-        out = ctypes.c_void_p()
-        err = int(self._lib.cudaHostGetDevicePointer(ctypes.byref(out), ctypes.c_void_p(host), 0))
-        if err or out.value is None:
+        err, pointer = self._rt.host_device_pointer(host)
+        if err or not pointer:
+            self._rt.clear_error()
             raise RegionError(
-                f"cudaHostGetDevicePointer for region {self._name!r} failed: {self._describe(err)}"
+                f"cudaHostGetDevicePointer for region {self._name!r} failed: {self._rt.describe(err)}"
             )
-        return int(out.value)
-
-    def _describe(self, err: int) -> str:
-        if self._lib is not None:
-            text = self._lib.cudaGetErrorString(err)
-            return f"error {err} ({text.decode() if text else '?'})"
-        return f"error {err}"
+        return pointer
 
 
 _shared: dict[tuple[int, int], list[Any]] = {}  # (address, nbytes) -> [registration, users]
@@ -150,11 +100,6 @@ def release(registration: HostRegistration) -> None:
         if entry[1] == 0:
             del _shared[key]
             registration.close()
-
-
-def _code(result: Any) -> int:
-    value = getattr(result, "value", result)
-    return int(value)
 
 
 class _DeviceArray:

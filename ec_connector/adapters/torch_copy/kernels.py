@@ -153,38 +153,113 @@ def inline_runs(starts: list[int], lengths: list[int], total_rows: int) -> tuple
 _NO_INLINE = (0,) * len(_INLINE_ARGS)
 
 
-def warmup(
-    host: object,
-    dense: object,
-    table: object,
-    *,
-    row_words: int,
-    vec: int,
-    block: tuple[int, int],
-    num_warps: int,
-) -> None:
-    """Compile every variant the engine launches now (all-masked launches), not on a first step."""
-    for save, delta, inline in (
-        (True, True, False),
-        (True, False, True),
-        (False, False, False),
-        (False, False, True),
-    ):
-        _copy_runs[(1, 1)](
+class Launcher:
+    """The copy kernel's compiled variants for one region, launched straight onto a raw stream.
+
+    `JITFunction.__call__` re-derives the specialisation of every argument on each launch (tens of
+    µs of Python); here each variant is compiled once (`warmup`) under a key holding everything
+    Triton specialises on for this kernel (the constexprs, the word type, whether the dense pointer
+    is 16-byte aligned; the region pointer, the table and `row_words` are fixed per region), then
+    launched through the compiled kernel's own launcher.
+    """
+
+    def __init__(self, row_bytes: int, *, tile_bytes: int, num_warps: int) -> None:
+        self.row_bytes = row_bytes
+        self.tile_bytes = tile_bytes
+        self.num_warps = num_warps
+        self._compiled: dict[tuple[object, ...], object] = {}
+
+    def launch(
+        self,
+        stream: int,
+        host: object,
+        dense: object,
+        table: object,
+        *,
+        word: int,
+        vec: int,
+        n_runs: int,
+        total_rows: int,
+        inline: tuple[int, ...] | None,
+        save: bool,
+        delta: bool,
+        dense_aligned: bool,
+    ) -> None:
+        if total_rows == 0:
+            return
+        args = self._args(host, dense, table, word, vec, n_runs, total_rows, inline, save, delta)
+        kernel = self._kernel((save, delta, inline is not None, word, vec, dense_aligned), args)
+        grid = (triton.cdiv(total_rows, args[-2]), triton.cdiv(args[7], args[-1]), 1)
+        kernel[grid](*args, stream=stream)  # type: ignore[index]
+
+    def prepare(
+        self,
+        host: object,
+        dense: object,
+        table: object,
+        *,
+        word: int,
+        vec: int,
+        inline: bool,
+        save: bool,
+        delta: bool,
+        dense_aligned: bool,
+    ) -> None:
+        """Compile a variant without launching it."""
+        args = self._args(host, dense, table, word, vec, 1, 1, _NO_INLINE if inline else None, save, delta)
+        self._kernel((save, delta, inline, word, vec, dense_aligned), args)
+
+    def _args(
+        self,
+        host: object,
+        dense: object,
+        table: object,
+        word: int,
+        vec: int,
+        n_runs: int,
+        total_rows: int,
+        inline: tuple[int, ...] | None,
+        save: bool,
+        delta: bool,
+    ) -> tuple[object, ...]:
+        row_words = self.row_bytes // word
+        block_r, block_c = tile(row_words, word, self.tile_bytes)
+        nsteps = (n_runs - 1).bit_length()
+        top = 1 << (nsteps - 1) if nsteps else 0
+        return (
             host,
             dense,
             table,
-            1,
-            0,
-            0,
-            0,
+            n_runs,
+            total_rows,
+            top,
+            nsteps,
             row_words,
-            *_NO_INLINE,
+            *(inline or _NO_INLINE),
+            save,
+            delta,
+            inline is not None,
+            vec,
+            block_r,
+            block_c,
+        )
+
+    def _kernel(self, key: tuple[object, ...], args: tuple[object, ...]) -> object:
+        kernel = self._compiled.get(key)
+        if kernel is None:
+            kernel = self._compiled[key] = self._compile(args)
+        return kernel
+
+    def _compile(self, args: tuple[object, ...]) -> object:
+        *plain, save, delta, inline, vec, block_r, block_c = args
+        return _copy_runs.warmup(
+            *plain,
             SAVE=save,
             DELTA=delta,
             INLINE=inline,
             VEC=vec,
-            BLOCK_R=block[0],
-            BLOCK_C=block[1],
-            num_warps=num_warps,
+            BLOCK_R=block_r,
+            BLOCK_C=block_c,
+            num_warps=self.num_warps,
+            grid=(1,),
         )

@@ -1,0 +1,217 @@
+"""The CUDA runtime that torch loaded, called through ctypes, for the few calls on the launch path.
+
+Why not torch's wrappers: on the GPU machine each `torch.cuda.Event.record`, `Stream.wait_event`,
+`copy_` or `set_stream` costs several µs of Python, and a batch needs about ten of them; a ctypes
+call costs well under one. Why not cuda-bindings: it is an extra dependency, and it must be the very
+library torch uses (same process state), which is found in /proc/self/maps.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import threading
+from array import array
+
+import torch
+
+from ec_connector.domain.errors import ECConnectorError
+
+SUCCESS = 0
+NOT_READY = 600
+ALREADY_REGISTERED = 712
+_MEMCPY_DEFAULT = 4
+_EVENT_DISABLE_TIMING = 0x2
+_SRC_ACCESS_ORDER_STREAM = 0x1
+
+_vp, _sz, _uint, _int = ctypes.c_void_p, ctypes.c_size_t, ctypes.c_uint, ctypes.c_int
+
+
+class _MemLocation(ctypes.Structure):
+    _fields_ = [("type", ctypes.c_int), ("id", ctypes.c_int)]
+
+
+class _MemcpyAttributes(ctypes.Structure):
+    _fields_ = [
+        ("srcAccessOrder", ctypes.c_int),
+        ("srcLocHint", _MemLocation),
+        ("dstLocHint", _MemLocation),
+        ("flags", ctypes.c_uint),
+    ]
+
+
+class CudaRuntime:
+    """Thin, checked wrappers; handles are plain ints (cudaEvent_t, cudaStream_t, addresses)."""
+
+    def __init__(self, lib: ctypes.CDLL, path: str) -> None:
+        self.path = path
+        self._lib = lib
+        sig = {
+            "cudaHostRegister": [_vp, _sz, _uint],
+            "cudaHostUnregister": [_vp],
+            "cudaHostGetDevicePointer": [ctypes.POINTER(_vp), _vp, _uint],
+            "cudaGetErrorString": [_int],
+            "cudaGetLastError": [],
+            "cudaRuntimeGetVersion": [ctypes.POINTER(_int)],
+            "cudaEventCreateWithFlags": [ctypes.POINTER(_vp), _uint],
+            "cudaEventDestroy": [_vp],
+            "cudaEventRecord": [_vp, _vp],
+            "cudaEventQuery": [_vp],
+            "cudaEventSynchronize": [_vp],
+            "cudaEventElapsedTime": [ctypes.POINTER(ctypes.c_float), _vp, _vp],
+            "cudaStreamWaitEvent": [_vp, _vp, _uint],
+            "cudaMemcpyAsync": [_vp, _vp, _sz, _int, _vp],
+        }
+        for name, args in sig.items():
+            fn = getattr(lib, name)
+            fn.argtypes = args
+            fn.restype = ctypes.c_char_p if name == "cudaGetErrorString" else _int
+        version = _int()
+        lib.cudaRuntimeGetVersion(ctypes.byref(version))
+        self.version = version.value
+        self._batch = None
+        if self.version >= 12080 and hasattr(lib, "cudaMemcpyBatchAsync"):
+            batch = lib.cudaMemcpyBatchAsync
+            fail = [] if self.version >= 13000 else [_vp]  # CUDA 13 dropped the failIdx argument
+            batch.argtypes = [_vp, _vp, _vp, _sz, _vp, _vp, _sz, *fail, _vp]
+            batch.restype = _int
+            self._batch = batch
+            self._batch_has_fail_index = bool(fail)
+            self._attrs = _MemcpyAttributes(_SRC_ACCESS_ORDER_STREAM)
+            self._attr_index = (ctypes.c_size_t * 1)(0)
+            self._fail_index = ctypes.c_size_t(0)
+        # hot-path entry points, bound once
+        self.record_raw = lib.cudaEventRecord
+        self.wait_raw = lib.cudaStreamWaitEvent
+        self.query_raw = lib.cudaEventQuery
+        self.memcpy_raw = lib.cudaMemcpyAsync
+
+    @property
+    def has_batch_copy(self) -> bool:
+        return self._batch is not None
+
+    def describe(self, err: int) -> str:
+        text = self._lib.cudaGetErrorString(err)
+        return f"CUDA error {err} ({text.decode() if text else '?'})"
+
+    def check(self, err: int, what: str) -> None:
+        if err:
+            self._lib.cudaGetLastError()
+            raise ECConnectorError(f"{what} failed: {self.describe(err)}; the GPU context may be unusable")
+
+    def clear_error(self) -> None:
+        self._lib.cudaGetLastError()
+
+    # -- registration -----------------------------------------------------------------------------
+
+    def host_register(self, address: int, nbytes: int, flags: int) -> int:
+        return int(self._lib.cudaHostRegister(address, nbytes, flags))
+
+    def host_unregister(self, address: int) -> int:
+        return int(self._lib.cudaHostUnregister(address))
+
+    def host_device_pointer(self, address: int) -> tuple[int, int]:
+        out = _vp()
+        err = int(self._lib.cudaHostGetDevicePointer(ctypes.byref(out), address, 0))
+        return err, int(out.value or 0)
+
+    # -- events and streams -----------------------------------------------------------------------
+
+    def event(self, *, timing: bool) -> int:
+        out = _vp()
+        err = self._lib.cudaEventCreateWithFlags(ctypes.byref(out), 0 if timing else _EVENT_DISABLE_TIMING)
+        self.check(err, "cudaEventCreateWithFlags")
+        return int(out.value or 0)
+
+    def destroy(self, event: int) -> None:
+        self._lib.cudaEventDestroy(event)
+
+    def record(self, event: int, stream: int) -> None:
+        err = self.record_raw(event, stream)
+        if err:
+            self.check(err, "cudaEventRecord")
+
+    def wait(self, stream: int, event: int) -> None:
+        err = self.wait_raw(stream, event, 0)
+        if err:
+            self.check(err, "cudaStreamWaitEvent")
+
+    def done(self, event: int) -> bool:
+        """Non-blocking: has the event fired? (clears the not-ready status torch would trip on)"""
+        err = self.query_raw(event)
+        if err == SUCCESS:
+            return True
+        if err == NOT_READY:
+            self._lib.cudaGetLastError()
+            return False
+        self.check(err, "cudaEventQuery")
+        return False
+
+    def synchronize(self, event: int) -> None:
+        self.check(self._lib.cudaEventSynchronize(event), "cudaEventSynchronize")
+
+    def elapsed(self, start: int, end: int) -> float:
+        ms = ctypes.c_float()
+        self.check(self._lib.cudaEventElapsedTime(ctypes.byref(ms), start, end), "cudaEventElapsedTime")
+        return ms.value / 1e3
+
+    # -- copies -----------------------------------------------------------------------------------
+
+    def memcpy(self, dst: int, src: int, nbytes: int, stream: int) -> None:
+        err = self.memcpy_raw(dst, src, nbytes, _MEMCPY_DEFAULT, stream)
+        if err:
+            self.check(err, "cudaMemcpyAsync")
+
+    def memcpy_many(self, dsts: array, srcs: array, sizes: array, stream: int) -> None:
+        """Copy each (dst, src, size) in stream order: one cudaMemcpyBatchAsync where available."""
+        count = len(sizes)
+        if count == 0:
+            return
+        if self._batch is None or count == 1:
+            for d, s, n in zip(dsts, srcs, sizes, strict=True):
+                self.memcpy(d, s, n, stream)
+            return
+        args = [
+            dsts.buffer_info()[0],
+            srcs.buffer_info()[0],
+            sizes.buffer_info()[0],
+            count,
+            ctypes.addressof(self._attrs),
+            ctypes.addressof(self._attr_index),
+            1,
+        ]
+        if self._batch_has_fail_index:
+            args.append(ctypes.addressof(self._fail_index))
+        self.check(self._batch(*args, stream), "cudaMemcpyBatchAsync")
+
+
+_loaded: CudaRuntime | None = None
+_lock = threading.Lock()
+
+
+def runtime() -> CudaRuntime:
+    """The process's CUDA runtime (initialising CUDA through torch first)."""
+    global _loaded
+    with _lock:
+        if _loaded is None:
+            torch.cuda.init()
+            _loaded = _load()
+        return _loaded
+
+
+def _load() -> CudaRuntime:
+    try:
+        with open("/proc/self/maps") as maps:
+            paths = sorted({line.split()[-1] for line in maps if "libcudart" in line})
+    except OSError:
+        paths = []
+    found = ctypes.util.find_library("cudart")
+    for path in paths + ([found] if found else []):
+        try:
+            return CudaRuntime(ctypes.CDLL(path), path)
+        except (OSError, AttributeError):
+            continue
+    raise ECConnectorError(
+        "TorchCopier on CUDA needs the CUDA runtime library (libcudart) that torch loads, and none is "
+        "loaded in this process; use a torch build that links libcudart dynamically (the pip wheels do)"
+    )
