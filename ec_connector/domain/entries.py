@@ -87,7 +87,9 @@ class Entry:
         """Ends grant `grant_id` (a READ finished or its lease ran out); False if unknown."""
         if self.grants.pop(grant_id, None) is None:
             return False
-        self.announced_until = float("-inf")
+        if not self.grants:
+            # The last outstanding read ended: the announcement has served its purpose.
+            self.announced_until = float("-inf")
         return True
 
     def announce(self, until: float) -> None:

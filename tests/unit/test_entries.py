@@ -144,6 +144,18 @@ def test_release_grant_unpins_and_ends_the_announcement():
     assert entry.is_evictable(0.0)
 
 
+def test_announcement_outlives_a_read_while_another_read_is_outstanding():
+    entry = _ready()
+    entry.announce(until=100.0)
+    entry.grant(1, deadline=5.0)
+    entry.grant(2, deadline=5.0)
+    assert entry.release_grant(1) is True
+    assert entry.is_announced(0.0)
+    assert entry.release_grant(2) is True
+    assert not entry.is_announced(0.0)
+    assert entry.is_evictable(0.0)
+
+
 def test_release_of_an_unknown_grant_is_false_and_changes_nothing():
     entry = _ready()
     entry.announce(until=100.0)

@@ -223,7 +223,8 @@ class Model:
         if e is None or gid not in e.grants:
             return False
         del e.grants[gid]
-        e.announced_until = -math.inf
+        if not e.grants:
+            e.announced_until = -math.inf
         return True
 
     def announce(self, key: str, until: float) -> None:
@@ -268,7 +269,8 @@ class Model:
                     out["save"].append(e.key)
                 elif kind == "grant":
                     del e.grants[gid]
-                    e.announced_until = -math.inf
+                    if not e.grants:
+                        e.announced_until = -math.inf
                     out["grant"].append((e.key, gid))
                 elif kind == "announce" and e.announced_until != -math.inf:
                     e.reported_until = e.announced_until
