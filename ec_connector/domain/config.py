@@ -202,10 +202,7 @@ def side_channel_from_env(environ: Mapping[str, str]) -> SideChannel:
     if not host:
         raise ConfigError("VLLM_EC_SIDE_CHANNEL_HOST is empty: expected a host name or address")
     raw_port = environ.get("VLLM_EC_SIDE_CHANNEL_PORT", str(DEFAULT_SIDE_CHANNEL_PORT))
-    try:
-        port = int(raw_port)
-    except ValueError:
-        port = -1
+    port = int(raw_port) if raw_port.isascii() and raw_port.isdigit() else -1
     if not 0 < port < 65536:
         raise ConfigError(
             f"VLLM_EC_SIDE_CHANNEL_PORT = {raw_port!r} is invalid: expected an integer port 1-65535"

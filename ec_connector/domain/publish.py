@@ -46,6 +46,8 @@ def publish(
     out: dict[str, dict[str, Any]] = {}
     for mm_hash, metadata in items.items():
         size = servable.get(mm_hash)
+        if size is not None and size <= 0:
+            raise ValueError(f"servable item {mm_hash!r} must have size_bytes > 0, got {size}")
         if size is None:
             out[mm_hash] = {"metadata": {}}
         else:

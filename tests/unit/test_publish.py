@@ -173,3 +173,8 @@ def test_parse_names_the_bad_item_among_good_ones():
 
 def test_protocol_error_is_a_value_error():
     assert issubclass(ProtocolError, ValueError)
+
+
+def test_a_servable_item_of_zero_bytes_is_refused_at_publish():
+    with pytest.raises(ValueError, match="size_bytes > 0"):
+        publish({"m": {"a": 1}}, {"m": 0}, PeerAddress("h", 1))
