@@ -32,7 +32,7 @@ def _parser() -> argparse.ArgumentParser:
     demo.add_argument("--synthetic", action="store_true", help="simulated engine (the default)")
     demo.add_argument("--requests", type=_positive, default=48, help="requests to serve (48)")
     demo.add_argument("--images", type=_positive, default=16, help="distinct images (16)")
-    demo.add_argument("--cpu-mib", type=_positive, default=6, help="tier size in MiB (6)")
+    demo.add_argument("--cpu-mib", type=_positive, default=3, help="tier size in MiB (3)")
     demo.add_argument("--seed", type=int, default=0, help="workload seed (0)")
     demo.add_argument("--shm-dir", default="/dev/shm", help="where the region file lives")
     demo.add_argument("--json-logs", action="store_true", help="render logs as JSON")
