@@ -211,9 +211,10 @@ def test_a_closed_copier_lets_the_shm_region_unmap_at_once(device: str) -> None:
 def test_poll_does_not_wait_for_a_busy_gpu(region: MemoryRegion) -> None:
     copier = TorchCopier(region, device="cuda")
     try:
+        src = payload(8, LAYOUT, "cuda")  # made first: a pageable upload would wait for the sleep
         torch.cuda._sleep(2_000_000_000)  # ~1 s of GPU time queued before the copy
         save = planned((Extent(0, 8),))
-        copier.save([SaveJob(save, payload(8, LAYOUT, "cuda"))])
+        copier.save([SaveJob(save, src)])
         t0 = time.perf_counter()
         assert copier.poll() == []
         assert time.perf_counter() - t0 < 0.05

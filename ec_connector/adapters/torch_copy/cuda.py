@@ -40,6 +40,7 @@ class _Slot:
         self.device = torch.empty(3 * runs, dtype=torch.int64, device=device)
         self.pinned_address = self.pinned.data_ptr()
         self.device_address = self.device.data_ptr()
+        self.staged_bytes = 0
 
 
 @dataclass(slots=True)
@@ -103,7 +104,11 @@ class CudaEngine:
         with torch.cuda.device(device):
             self._save_streams = [torch.cuda.Stream(device) for _ in range(streams)]
             self._load_streams = [torch.cuda.Stream(device) for _ in range(streams)]
+            self._side = {
+                s.cuda_stream: torch.cuda.Stream(device) for s in self._save_streams + self._load_streams
+            }
         self._fence = self._rt.event(timing=False)
+        self._join = self._rt.event(timing=False)
         self._turn = 0
         self._pending: list[_Batch] = []
         self._events: list[tuple[int, int]] = []
@@ -174,6 +179,7 @@ class CudaEngine:
             self._rt.destroy(start)
             self._rt.destroy(end)
         self._rt.destroy(self._fence)
+        self._rt.destroy(self._join)
         self._events = []
         self._slots = []
         self._region_words = {}
@@ -227,7 +233,7 @@ class CudaEngine:
                 run_base += [b] * count
 
         slot: _Slot | None = None
-        kernel = None
+        fire = None
         if len(long_runs) < n:
             short = None if not long_runs else [i for i in range(n) if lengths[i] < big]  # type: ignore[operator]
             k_firsts, k_starts, k_lengths, k_rows, delta = _kernel_runs(
@@ -238,46 +244,47 @@ class CudaEngine:
                 inline = self._kernels.inline_runs(k_starts, k_lengths, k_rows)
             else:
                 slot = self._stage(k_firsts, k_starts, delta)
-            kernel = (len(k_starts), k_rows, inline, delta is not None)
-
-        start, end = (
-            self._events.pop() if self._events else (self._rt.event(timing=True), self._rt.event(timing=True))
-        )
-        stream = stream_obj.cuda_stream
-        rt = self._rt
-        rt.record(self._fence, caller)
-        rt.wait(stream, self._fence)
-        rt.record(start, stream)
-        if kernel is not None:
-            k_runs, k_rows, inline, has_delta = kernel
-            if slot is not None:
-                rt.memcpy(slot.device_address, slot.pinned_address, 3 * k_runs * 8, stream)
-            self._launcher.launch(
-                stream,
+            fire = self._launcher.bind(
                 self._region_words[word],
                 dense,
                 self._no_table if slot is None else slot.device,
                 word=word,
                 vec=vec,
-                n_runs=k_runs,
+                n_runs=len(k_starts),
                 total_rows=k_rows,
                 inline=inline,
                 save=save,
-                delta=has_delta,
-                dense_aligned=dense_address % 16 == 0,
+                delta=delta is not None,
             )
         if long_runs:
-            host = self._host_address
-            hosts = array("Q", [host + starts[i] * rb for i in long_runs])
+            hosts = array("Q", [self._host_address + starts[i] * rb for i in long_runs])
             if run_base is None:
                 denses = array("Q", [dense_address + firsts[i] * rb for i in long_runs])
             else:
                 denses = array("Q", [run_base[i] + firsts[i] * rb for i in long_runs])
             sizes = array("Q", [lengths[i] * rb for i in long_runs])
-            if save:
-                rt.memcpy_many(hosts, denses, sizes, stream)
-            else:
-                rt.memcpy_many(denses, hosts, sizes, stream)
+            dsts, srcs = (hosts, denses) if save else (denses, hosts)
+
+        rt = self._rt
+        start, end = self._events.pop() if self._events else (rt.event(timing=True), rt.event(timing=True))
+        stream = stream_obj.cuda_stream
+        side = self._side[stream] if long_runs and fire is not None else None
+        rt.record(self._fence, caller)
+        rt.wait(stream, self._fence)
+        rt.record(start, stream)
+        if side is not None:  # kernel and copy engines side by side
+            rt.wait(side.cuda_stream, start)
+        if fire is not None:
+            if slot is not None:
+                rt.memcpy(slot.device_address, slot.pinned_address, slot.staged_bytes, stream)
+            fire(stream)
+        if long_runs:
+            rt.memcpy_many(dsts, srcs, sizes, stream if side is None else side.cuda_stream)
+        if side is not None:
+            rt.record(self._join, side.cuda_stream)
+            rt.wait(stream, self._join)
+            if not save:
+                dense.record_stream(side)
         rt.record(end, stream)
         self._pending.append(_Batch(direction, runs.tickets, runs.total_rows * rb, start, end, slot, keep))
         return end
@@ -294,6 +301,7 @@ class CudaEngine:
             table.frombytes(bytes(8 * n))  # unused column, kept so the layout is fixed
         address, count = table.buffer_info()
         ctypes.memmove(slot.pinned_address, address, count * table.itemsize)
+        slot.staged_bytes = 3 * n * 8
         return slot
 
     def _retire(self, batch: _Batch) -> None:
@@ -328,7 +336,6 @@ class CudaEngine:
                 inline=inline,
                 save=save,
                 delta=delta,
-                dense_aligned=True,
             )
 
 

@@ -18,10 +18,14 @@ kernel reads or writes host memory over PCIe directly: one launch whatever the f
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from itertools import accumulate
+from typing import Any
 
+import torch
 import triton
 import triton.language as tl
+from triton import knobs
 
 INLINE_RUNS = 4
 _INLINE_ARGS = ["f1", "f2", "f3", "s0", "s1", "s2", "s3"]
@@ -167,14 +171,13 @@ class Launcher:
         self.row_bytes = row_bytes
         self.tile_bytes = tile_bytes
         self.num_warps = num_warps
-        self._compiled: dict[tuple[object, ...], object] = {}
+        self._compiled: dict[tuple[object, ...], tuple[Any, Any, Any, Any]] = {}
 
-    def launch(
+    def bind(
         self,
-        stream: int,
-        host: object,
-        dense: object,
-        table: object,
+        host: torch.Tensor,
+        dense: torch.Tensor,
+        table: torch.Tensor,
         *,
         word: int,
         vec: int,
@@ -183,31 +186,45 @@ class Launcher:
         inline: tuple[int, ...] | None,
         save: bool,
         delta: bool,
-        dense_aligned: bool,
-    ) -> None:
+    ) -> Callable[[int], None] | None:
+        """Everything but the launch itself; the returned function launches onto a raw stream.
+
+        Done before the batch's first stream operation, so that the copy starts as soon as queued.
+        """
         if total_rows == 0:
-            return
+            return None
         args = self._args(host, dense, table, word, vec, n_runs, total_rows, inline, save, delta)
-        kernel = self._kernel((save, delta, inline is not None, word, vec, dense_aligned), args)
-        grid = (triton.cdiv(total_rows, args[-2]), triton.cdiv(args[7], args[-1]), 1)
-        kernel[grid](*args, stream=stream)  # type: ignore[index]
+        dense_aligned = dense.data_ptr() % 16 == 0
+        run, function, metadata, kernel = self._kernel(
+            (save, delta, inline is not None, word, vec, dense_aligned), args
+        )
+        # pointers as plain ints: the launcher takes them as they are, without calling data_ptr()
+        launch_args = (host.data_ptr(), dense.data_ptr(), table.data_ptr(), *args[3:])
+        g0, g1 = triton.cdiv(total_rows, args[-2]), triton.cdiv(args[7], args[-1])
+        hooks = knobs.runtime
+
+        def fire(stream: int) -> None:
+            enter = hooks.launch_enter_hook
+            meta = kernel.launch_metadata((g0, g1, 1), stream, *launch_args) if enter else None
+            run(g0, g1, 1, stream, function, metadata, meta, enter, hooks.launch_exit_hook, *launch_args)
+
+        return fire
 
     def prepare(
         self,
-        host: object,
-        dense: object,
-        table: object,
+        host: torch.Tensor,
+        dense: torch.Tensor,
+        table: torch.Tensor,
         *,
         word: int,
         vec: int,
         inline: bool,
         save: bool,
         delta: bool,
-        dense_aligned: bool,
     ) -> None:
         """Compile a variant without launching it."""
         args = self._args(host, dense, table, word, vec, 1, 1, _NO_INLINE if inline else None, save, delta)
-        self._kernel((save, delta, inline, word, vec, dense_aligned), args)
+        self._kernel((save, delta, inline, word, vec, dense.data_ptr() % 16 == 0), args)
 
     def _args(
         self,
@@ -244,11 +261,13 @@ class Launcher:
             block_c,
         )
 
-    def _kernel(self, key: tuple[object, ...], args: tuple[object, ...]) -> object:
-        kernel = self._compiled.get(key)
-        if kernel is None:
-            kernel = self._compiled[key] = self._compile(args)
-        return kernel
+    def _kernel(self, key: tuple[object, ...], args: tuple[object, ...]) -> tuple[Any, Any, Any, Any]:
+        entry = self._compiled.get(key)
+        if entry is None:
+            kernel: Any = self._compile(args)
+            kernel._init_handles()
+            entry = self._compiled[key] = (kernel.run, kernel.function, kernel.packed_metadata, kernel)
+        return entry
 
     def _compile(self, args: tuple[object, ...]) -> object:
         *plain, save, delta, inline, vec, block_r, block_c = args
