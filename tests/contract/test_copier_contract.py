@@ -3,7 +3,7 @@
 Each leg is a `Kit`: how to build the region and the copier, how to make a payload of R rows from
 a seed, and how to turn a payload back into bytes. Legs: the in-memory fake (`HostPayload`s), and
 `TorchCopier` on CPU and on CUDA (skipped without a GPU), each over `MemoryRegion` and over the
-real /dev/shm `ShmRegion`.
+real /dev/shm `ShmRegion`, and once more on CUDA with the copy kernel doing every run.
 """
 
 from __future__ import annotations
@@ -78,10 +78,14 @@ class Kit:
         return self.make(rows, seed, dtype or LAYOUT.dtype, width or LAYOUT.hidden_dim)
 
 
-def _torch_kit(device: str, region_kind: str) -> Kit:
+def _torch_kit(device: str, region_kind: str, **options: object) -> Kit:
     name = f"torch-{device}" + ("-shm" if region_kind == "shm" else "")
     return Kit(
-        name, region_kind, lambda r: TorchCopier(r, device=device), _tensor_maker(device), _tensor_bytes
+        name,
+        region_kind,
+        lambda r: TorchCopier(r, device=device, **options),  # type: ignore[arg-type]
+        _tensor_maker(device),
+        _tensor_bytes,
     )
 
 
@@ -91,6 +95,8 @@ KITS = [
     pytest.param(_torch_kit("cpu", "shm"), id="torch-cpu-shm"),
     pytest.param(_torch_kit("cuda", "memory"), id="torch-cuda", marks=NO_CUDA),
     pytest.param(_torch_kit("cuda", "shm"), id="torch-cuda-shm", marks=NO_CUDA),
+    # every run through the copy kernel (by default small batches go to the copy engines)
+    pytest.param(_torch_kit("cuda", "memory", dma_min_bytes=None), id="torch-cuda-kernel", marks=NO_CUDA),
 ]
 
 
