@@ -13,7 +13,8 @@ kernel arguments instead, which saves the table upload (a few µs that matter fo
 Each program copies a `BLOCK_R × BLOCK_C` tile of (dense row, word) pairs: it finds each row's run
 by binary search over `first` (a few cached loads), then moves the tile with 16-byte accesses where
 alignment allows (VEC words per access). The region side is its mapped (UVA) device address, so the
-kernel reads or writes host memory over PCIe directly: one launch whatever the fragmentation.
+kernel reads or writes host memory over PCIe directly: one launch whatever the fragmentation. The
+engine gives it only the runs shorter than `dma_min_bytes`; longer ones go to the copy engines.
 """
 
 from __future__ import annotations
