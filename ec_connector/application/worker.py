@@ -77,7 +77,12 @@ class TierWorker:
         """Launch the queued saves as one batch and report every copy that has ended."""
         if self._queued:
             batch, self._queued = self._queued, []
-            self._copier.save(batch)
+            try:
+                self._copier.save(batch)
+            except LayoutMismatch:
+                log.exception("offload_batch_rejected", rank=self._rank, entries=len(batch))
+                for job in batch:
+                    self._report(job.copy.ticket, ok=False)
         for ticket in self._copier.poll():
             self._report(ticket, ok=True)
 

@@ -216,3 +216,22 @@ def test_many_steps_with_repeats_leave_no_pins_and_conserve_blocks(ranks):
     assert used + table.blocks.free_blocks == eng.layout.num_blocks
     assert not eng.scheduler.has_pending_work()
     assert eng.scheduler.stats.hits > 0 and eng.scheduler.stats.evictions > 0
+
+
+def test_a_save_batch_the_copier_rejects_fails_its_entries_instead_of_the_step():
+    eng = Engine()
+    copier = eng.copiers[0]
+    real_save = copier.save
+
+    def reject(jobs):
+        from ec_connector.domain.errors import LayoutMismatch
+
+        raise LayoutMismatch("extents beyond the region")
+
+    copier.save = reject  # type: ignore[method-assign]
+    eng.step([("a", 2), ("b", 3)])
+    eng.scheduler.poll()
+    copier.save = real_save  # type: ignore[method-assign]
+    assert len(eng.scheduler.table) == 0
+    assert eng.scheduler.stats.saves_failed == 2
+    assert eng.scheduler.table.blocks.free_blocks == eng.layout.num_blocks
