@@ -1,0 +1,133 @@
+"""`ECTierConnector`: a thin facade over the tier services, split by vLLM's connector role.
+
+Each hook converts vLLM's arguments, calls one service method and converts the result. The
+scheduler side and the worker side are built through the container; completion of copies travels
+through the shared region, so it reaches the scheduler on every model runner.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import torch
+from vllm.distributed.ec_transfer.ec_connector.base import (
+    ECConnectorBase,
+    ECConnectorMetadata,
+    ECConnectorRole,
+    ECConnectorWorkerMetadata,
+)
+
+from ec_connector.adapters.vllm import settings as vllm_settings
+from ec_connector.adapters.vllm.metadata import ECTierMetadata, ECTierStats
+from ec_connector.container import build_container
+from ec_connector.domain.config import parse_config
+from ec_connector.domain.errors import ConfigError
+from ec_connector.logging import configure_logging
+
+if TYPE_CHECKING:
+    from vllm.config import VllmConfig
+    from vllm.v1.core.sched.output import SchedulerOutput
+    from vllm.v1.request import Request
+
+
+class ECTierConnector(ECConnectorBase):
+    """Encoder-cache connector: a /dev/shm CPU tier shared by the instance's processes."""
+
+    def __init__(self, vllm_config: VllmConfig, role: ECConnectorRole) -> None:
+        super().__init__(vllm_config=vllm_config, role=role)
+        configure_logging()
+        ec = vllm_config.ec_transfer_config
+        config = parse_config(ec.ec_connector_extra_config, role=ec.ec_role)
+        if config.enable_nixl:
+            vllm_settings.require_nixl()
+            raise ConfigError(
+                "ec_connector_extra_config['ec_enable_nixl'] = true: peer-to-peer transfer is not "
+                "available in this version of ec_connector; remove ec_enable_nixl to run the "
+                "local CPU tier"
+            )
+        self._scheduler = None
+        self._worker = None
+        self._reported: dict[str, int] = {}
+        if role == ECConnectorRole.SCHEDULER:
+            self._container = build_container(**vllm_settings.scheduler_settings(vllm_config))
+            self._scheduler = self._container.tier_scheduler()
+        else:
+            self._container = build_container(**vllm_settings.worker_settings(vllm_config))
+            self._worker = self._container.tier_worker()
+
+    # -- worker side ------------------------------------------------------------------------
+
+    def bind_connector_metadata(self, connector_metadata: ECConnectorMetadata) -> None:
+        super().bind_connector_metadata(connector_metadata)
+        assert self._worker is not None and isinstance(connector_metadata, ECTierMetadata)
+        self._worker.bind(connector_metadata.plan)
+
+    def start_load_caches(self, encoder_cache: dict[str, torch.Tensor], **kwargs: Any) -> None:
+        assert self._worker is not None
+        self._worker.start_loads(encoder_cache)
+
+    def save_caches(self, encoder_cache: dict[str, torch.Tensor], mm_hash: str, **kwargs: Any) -> None:
+        assert self._worker is not None
+        self._worker.save(encoder_cache, mm_hash)
+
+    def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:
+        if self._worker is not None:
+            self._worker.flush()
+        return None, None
+
+    def build_connector_worker_meta(self) -> ECConnectorWorkerMetadata | None:
+        return None
+
+    def clear_connector_metadata(self) -> None:
+        if self._worker is not None:
+            self._worker.clear()
+        super().clear_connector_metadata()
+
+    # -- scheduler side ---------------------------------------------------------------------
+
+    def has_cache_item(self, identifier: str) -> bool:
+        assert self._scheduler is not None
+        return self._scheduler.has_item(identifier)
+
+    def update_state_after_alloc(self, request: Request, index: int) -> None:
+        assert self._scheduler is not None
+        feature = request.mm_features[index]
+        self._scheduler.on_allocated(feature.identifier, feature.mm_position.get_num_embeds())
+
+    def build_connector_meta(self, scheduler_output: SchedulerOutput) -> ECConnectorMetadata:
+        assert self._scheduler is not None
+        return ECTierMetadata(plan=self._scheduler.take_plan())
+
+    def request_finished(self, request: Request) -> tuple[bool, dict[str, Any] | None]:
+        return False, None
+
+    def has_pending_push_work(self) -> bool:
+        return self._scheduler is not None and self._scheduler.has_pending_work()
+
+    def get_ec_connector_stats(self) -> ECTierStats | None:
+        if self._scheduler is None:
+            return None
+        counters = self._scheduler.stats.as_dict()
+        delta = {k: v - self._reported.get(k, 0) for k, v in counters.items()}
+        self._reported = counters
+        occupancy = self._scheduler.occupancy()
+        stats = ECTierStats(
+            data={
+                **delta,
+                "entries": occupancy.entries,
+                "used_bytes": occupancy.used_bytes,
+                "capacity_bytes": occupancy.capacity_bytes,
+            }
+        )
+        return None if stats.is_empty() else stats
+
+    @classmethod
+    def build_ec_connector_stats(cls, data: dict[str, Any] | None = None) -> ECTierStats | None:
+        return ECTierStats(data=dict(data or {}))
+
+    # -- both -------------------------------------------------------------------------------
+
+    def shutdown(self) -> None:
+        if self._worker is not None:
+            self._worker.close()
+        self._container.shutdown_resources()

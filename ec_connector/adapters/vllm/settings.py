@@ -1,0 +1,105 @@
+"""Translate a `VllmConfig` (and this process's place in the engine) into container settings."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ec_connector.domain.errors import ConfigError
+from ec_connector.domain.layout import model_hidden_dim
+
+NIXL_MISSING = (
+    "ec_enable_nixl requires NIXL; install the nixl package or remove ec_enable_nixl from "
+    "ec_connector_extra_config."
+)
+
+
+def encoder_row(vllm_config: Any) -> tuple[int, str]:
+    """(hidden_dim, dtype name) of one encoder-output row of the served model."""
+    model_config = vllm_config.model_config
+    hf_config = model_config.hf_config
+    vision = getattr(hf_config, "vision_config", None)
+    deepstack = tuple(getattr(vision, "deepstack_visual_indexes", None) or ())
+    hidden = model_hidden_dim(
+        model_config.get_hidden_size(),
+        vision_out_hidden=getattr(vision, "out_hidden_size", None),
+        deepstack_indexes=deepstack,
+    )
+    dtype = str(model_config.dtype).removeprefix("torch.")
+    return hidden, dtype
+
+
+def parallel_ranks(vllm_config: Any) -> int:
+    """Worker processes of this engine instance that map the region: TP × PCP."""
+    parallel = vllm_config.parallel_config
+    if getattr(parallel, "pipeline_parallel_size", 1) != 1:
+        raise ConfigError(
+            "ECTierConnector supports pipeline_parallel_size = 1 only (got "
+            f"{parallel.pipeline_parallel_size}); the encoder runs on the first stage"
+        )
+    pcp = getattr(parallel, "prefill_context_parallel_size", 1) or 1
+    return parallel.tensor_parallel_size * pcp
+
+
+def base_settings(vllm_config: Any) -> dict[str, Any]:
+    """Settings shared by the scheduler side and the worker side of one instance."""
+    ec = vllm_config.ec_transfer_config
+    extra = ec.ec_connector_extra_config
+    hidden, dtype = encoder_row(vllm_config)
+    ranks = parallel_ranks(vllm_config)
+    return {
+        "role": ec.ec_role,
+        "extra": dict(extra) if isinstance(extra, dict) else extra,
+        "instance": ec.engine_id,
+        "dp_rank": vllm_config.parallel_config.data_parallel_rank,
+        "hidden_dim": hidden,
+        "dtype": dtype,
+        "ranks": ranks,
+        "participants": ranks + 1,
+    }
+
+
+def scheduler_settings(vllm_config: Any) -> dict[str, Any]:
+    return {**base_settings(vllm_config), "slot": 0, "rank": 0, "writer": False, "device": "cpu"}
+
+
+def worker_settings(vllm_config: Any) -> dict[str, Any]:
+    from vllm.distributed import parallel_state
+
+    tp_rank = parallel_state.get_tensor_model_parallel_rank()
+    tp_size = vllm_config.parallel_config.tensor_parallel_size
+    pcp_rank = _pcp_rank(parallel_state)
+    rank = pcp_rank * tp_size + tp_rank
+    return {
+        **base_settings(vllm_config),
+        "slot": 1 + rank,
+        "rank": rank,
+        "writer": rank == 0,
+        "device": _device(vllm_config),
+    }
+
+
+def require_nixl() -> None:
+    """The exact error SPEC §3 asks for when NIXL is enabled but cannot be imported."""
+    import importlib.util
+
+    if importlib.util.find_spec("nixl") is None:
+        raise RuntimeError(NIXL_MISSING)
+
+
+def _pcp_rank(parallel_state: Any) -> int:
+    getter = getattr(parallel_state, "get_pcp_group", None)
+    if getter is None:
+        return 0
+    try:
+        return int(getter().rank_in_group)
+    except AssertionError:  # the group is not initialised: no prefill context parallelism
+        return 0
+
+
+def _device(vllm_config: Any) -> str:
+    device = vllm_config.device_config.device
+    if getattr(device, "type", str(device)) == "cuda":
+        import torch
+
+        return f"cuda:{torch.cuda.current_device()}"
+    return "cpu"
