@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat requirements/base.txt requirements/dev.txt pyproject.toml | sha1sum | cut -c1-12)
 
-.PHONY: demo test lint venv clean
+.PHONY: demo test lint venv vllm-env clean
 
 venv: $(STAMP)
 
@@ -19,7 +19,11 @@ $(STAMP): requirements/base.txt requirements/dev.txt pyproject.toml
 demo: $(STAMP)
 	$(BIN)/ec-connector demo
 
-test: $(STAMP)
+# The real-engine tests need vLLM's CPU build in its own venv (.venv-vllm, ~3.6 GB, ~5 min once).
+vllm-env: $(STAMP)
+	tools/setup_vllm_env.sh
+
+test: $(STAMP) vllm-env
 	$(BIN)/python -m pytest
 
 lint: $(STAMP)
@@ -27,4 +31,4 @@ lint: $(STAMP)
 	$(BIN)/lint-imports
 
 clean:
-	rm -rf $(VENV) .pytest_cache .hypothesis build *.egg-info
+	rm -rf $(VENV) .venv-vllm .pytest_cache .hypothesis build *.egg-info

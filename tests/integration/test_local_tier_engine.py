@@ -72,14 +72,16 @@ def run_engine(
     return json.loads(out.read_text())
 
 
-def tier(engine_id: str, cpu_bytes: int = 1 << 20) -> dict:
-    return {
+def tier(engine_id: str, cpu_bytes: int = 1 << 20, *, by_plugin: bool = False) -> dict:
+    config = {
         "ec_connector": "ECTierConnector",
-        "ec_connector_module_path": "ec_connector.adapters.vllm",
         "ec_role": "ec_both",
         "engine_id": engine_id,
         "ec_connector_extra_config": {"ec_cpu_bytes": cpu_bytes},
     }
+    if not by_plugin:
+        config["ec_connector_module_path"] = "ec_connector.adapters.vllm"
+    return config
 
 
 def region_files(engine_id: str) -> list[Path]:
@@ -99,7 +101,8 @@ def baseline(vllm_python, tiny_vlm_dir, work) -> dict:
 @pytest.fixture(scope="module")
 def with_tier(vllm_python, tiny_vlm_dir, work) -> dict:
     engine_id = f"it-both-{uuid.uuid4().hex[:6]}"
-    report = run_engine(vllm_python, tiny_vlm_dir, work, connector=tier(engine_id))
+    # No module path: the package's vllm.general_plugins entry point registers the name.
+    report = run_engine(vllm_python, tiny_vlm_dir, work, connector=tier(engine_id, by_plugin=True))
     report["engine_id"] = engine_id
     return report
 
