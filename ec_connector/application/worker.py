@@ -3,10 +3,17 @@
 Runs in every worker process (one per TP/PCP rank). Only the writer rank (TP0/PCP0) saves, since
 every rank computes the same encoder output; every rank loads. Completions go into the region's
 completion table, one report per rank, so the scheduler side sees them on every model runner.
+
+vLLM calls the worker hooks only in steps that schedule tokens, so copies still in flight when the
+engine goes idle would never be reported from the hooks alone (and the scheduler would keep the
+engine stepping for nothing). A watcher thread therefore reports copies that end between steps;
+every copier and region call is made under one lock.
 """
 
 from __future__ import annotations
 
+import threading
+import time
 from collections.abc import Mapping, MutableMapping
 
 import structlog
@@ -23,7 +30,16 @@ log = structlog.get_logger(__name__)
 class TierWorker:
     """Worker-side use cases: start loads, queue and launch saves, post completions."""
 
-    def __init__(self, *, role: Role, rank: int, writer: bool, region: Region, copier: Copier) -> None:
+    def __init__(
+        self,
+        *,
+        role: Role,
+        rank: int,
+        writer: bool,
+        region: Region,
+        copier: Copier,
+        watch_interval_s: float = 0.002,
+    ) -> None:
         self._role = role
         self._rank = rank
         self._writes = writer and role.saves
@@ -32,6 +48,11 @@ class TierWorker:
         self._plan = StepPlan()
         self._saves: dict[str, PlannedCopy] = {}
         self._queued: list[SaveJob] = []
+        self._lock = threading.RLock()
+        self._wake = threading.Event()
+        self._stopping = False
+        self._watch_interval_s = watch_interval_s
+        self._watcher: threading.Thread | None = None
 
     @property
     def rank(self) -> int:
@@ -48,7 +69,8 @@ class TierWorker:
         if not loads or not self._role.loads:
             return
         try:
-            buffers = self._copier.load(loads)
+            with self._lock:
+                buffers = self._copier.load(loads)
         except LayoutMismatch:
             log.exception("reload_rejected", rank=self._rank, tickets=[c.ticket for c in loads])
             for copy in loads:
@@ -66,7 +88,8 @@ class TierWorker:
         try:
             if payload is None:
                 raise LayoutMismatch(f"encoder output {key!r} is not in the encoder cache")
-            self._copier.check(payload, copy.rows)
+            with self._lock:
+                self._copier.check(payload, copy.rows)
         except LayoutMismatch as err:
             log.warning("offload_rejected", mm_hash=key, reason=str(err))
             self._report(copy.ticket, ok=False)
@@ -75,16 +98,20 @@ class TierWorker:
 
     def flush(self) -> None:
         """Launch the queued saves as one batch and report every copy that has ended."""
-        if self._queued:
-            batch, self._queued = self._queued, []
-            try:
-                self._copier.save(batch)
-            except LayoutMismatch:
-                log.exception("offload_batch_rejected", rank=self._rank, entries=len(batch))
-                for job in batch:
-                    self._report(job.copy.ticket, ok=False)
-        for ticket in self._copier.poll():
-            self._report(ticket, ok=True)
+        with self._lock:
+            if self._queued:
+                batch, self._queued = self._queued, []
+                try:
+                    self._copier.save(batch)
+                except LayoutMismatch:
+                    log.exception("offload_batch_rejected", rank=self._rank, entries=len(batch))
+                    for job in batch:
+                        self._report(job.copy.ticket, ok=False)
+            self._report_ended()
+            still_running = self._copier.in_flight() > 0
+        if still_running:
+            self._ensure_watcher()
+            self._wake.set()
 
     def clear(self) -> None:
         """End the step: launch what is queued; planned saves that never came are dropped."""
@@ -95,14 +122,48 @@ class TierWorker:
         self._saves = {}
 
     def has_in_flight(self) -> bool:
-        return bool(self._queued) or self._copier.in_flight() > 0
+        with self._lock:
+            return bool(self._queued) or self._copier.in_flight() > 0
 
     def close(self) -> None:
         """Finish what is in flight, report it, release the copier; idempotent."""
         self.flush()
-        self._copier.close()
+        self._stopping = True
+        self._wake.set()
+        if self._watcher is not None:
+            self._watcher.join()
+        with self._lock:
+            self._copier.close()
+            self._report_ended()
+
+    def _report(self, ticket: int, *, ok: bool) -> None:
+        with self._lock:  # one writer per rank's ring: the step thread or the watcher
+            self._region.post_completion(Completion(self._rank, ticket, ok))
+
+    def _report_ended(self) -> None:
         for ticket in self._copier.poll():
             self._report(ticket, ok=True)
 
-    def _report(self, ticket: int, *, ok: bool) -> None:
-        self._region.post_completion(Completion(self._rank, ticket, ok))
+    def _ensure_watcher(self) -> None:
+        if self._watcher is None and not self._stopping:
+            self._watcher = threading.Thread(
+                target=self._watch, name=f"ec-tier-watch-rank{self._rank}", daemon=True
+            )
+            self._watcher.start()
+
+    def _watch(self) -> None:
+        """Report copies that end between steps; sleeps while nothing is in flight."""
+        while not self._stopping:
+            self._wake.wait()
+            with self._lock:
+                if self._stopping:
+                    return
+                self._report_ended()
+                idle = self._copier.in_flight() == 0
+            if idle:
+                self._wake.clear()
+                with self._lock:  # a flush may have started copies after the check above
+                    if self._copier.in_flight() > 0:
+                        self._wake.set()
+            else:
+                time.sleep(self._watch_interval_s)

@@ -72,10 +72,10 @@ def run_engine(
     return json.loads(out.read_text())
 
 
-def tier(engine_id: str, cpu_bytes: int = 1 << 20, *, by_plugin: bool = False) -> dict:
+def tier(engine_id: str, cpu_bytes: int = 1 << 20, *, by_plugin: bool = False, role: str = "ec_both") -> dict:
     config = {
         "ec_connector": "ECTierConnector",
-        "ec_role": "ec_both",
+        "ec_role": role,
         "engine_id": engine_id,
         "ec_connector_extra_config": {"ec_cpu_bytes": cpu_bytes},
     }
@@ -121,6 +121,28 @@ def test_the_encoder_runs_once_per_distinct_image_and_repeats_come_from_the_tier
     assert stats["saves_done"] == distinct
     assert stats["loads_done"] == stats["hits"] >= len(baseline["encoded"]) - distinct
     assert stats["loads_failed"] == stats["saves_failed"] == 0
+
+
+def test_counters_reach_vllm_through_the_connector_stats_path(with_tier):
+    reported = with_tier["reported_stats"]
+    for key in ("hits", "misses", "saves_done", "loads_done", "bytes_saved", "bytes_loaded"):
+        assert reported[key] == with_tier["stats"][key], key
+    assert reported["entries"] == with_tier["occupancy"]["entries"]
+    assert reported["used_bytes"] == with_tier["occupancy"]["used_bytes"] > 0
+
+
+def test_a_producer_only_engine_sees_its_saves_complete_without_worker_metadata(
+    vllm_python, tiny_vlm_dir, work
+):
+    # On the V1 runner an ec_producer's worker metadata never reaches the scheduler: completion
+    # must arrive through the region's completion table.
+    engine_id = f"it-prod-{uuid.uuid4().hex[:6]}"
+    report = run_engine(vllm_python, tiny_vlm_dir, work, connector=tier(engine_id, role="ec_producer"))
+    distinct = len({i for request in WORKLOAD for i in request})
+    assert report["stats"]["saves_done"] == distinct
+    assert report["stats"]["hits"] == report["stats"]["loads_planned"] == 0
+    assert report["occupancy"]["entries"] == distinct
+    assert region_files(engine_id) == []
 
 
 def test_the_region_is_gone_after_the_engine_exits(with_tier):

@@ -235,3 +235,29 @@ def test_a_save_batch_the_copier_rejects_fails_its_entries_instead_of_the_step()
     assert len(eng.scheduler.table) == 0
     assert eng.scheduler.stats.saves_failed == 2
     assert eng.scheduler.table.blocks.free_blocks == eng.layout.num_blocks
+
+
+def test_copies_that_end_between_steps_are_reported_without_another_hook():
+    # vLLM runs no worker hook in an idle step: the watcher must report what ends meanwhile.
+    import time
+
+    eng = Engine(hold=True)
+    eng.step([("a", 2), ("b", 3)])
+    assert eng.scheduler.has_pending_work()
+    eng.copiers[0].release_held()  # the copies end; no hook runs
+    deadline = time.monotonic() + 5.0
+    while eng.scheduler.has_pending_work() and time.monotonic() < deadline:
+        time.sleep(0.005)
+    assert not eng.scheduler.has_pending_work()
+    assert eng.scheduler.table.is_ready("a") and eng.scheduler.table.is_ready("b")
+    for worker in eng.workers:
+        worker.close()
+    assert all(w._watcher is None or not w._watcher.is_alive() for w in eng.workers)
+
+
+def test_worker_close_reports_copies_still_in_flight():
+    eng = Engine(hold=True)
+    eng.step([("a", 2)])
+    eng.workers[0].close()
+    eng.scheduler.poll()
+    assert eng.scheduler.table.is_ready("a")

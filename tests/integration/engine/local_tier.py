@@ -78,6 +78,20 @@ def main() -> None:
         limit_mm_per_prompt={"image": 3},
         **kwargs,
     )
+    seen_stats = None
+    connector = None
+    if tp == 1 and config.get("connector"):
+        connector = llm.llm_engine.engine_core.engine_core.scheduler.ec_connector
+        report_stats = connector.get_ec_connector_stats
+
+        def recording():  # what vLLM's scheduler receives every step, aggregated as vLLM does
+            nonlocal seen_stats
+            stats = report_stats()
+            if stats is not None:
+                seen_stats = stats if seen_stats is None else seen_stats.aggregate(stats)
+            return stats
+
+        connector.get_ec_connector_stats = recording
     params = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
     pool = images()
     results = []
@@ -94,15 +108,13 @@ def main() -> None:
         results.append({"token_ids": list(comp.token_ids), "finish_reason": comp.finish_reason})
 
     report = {"requests": results, "encoded": encoded}
-    if tp == 1:
-        core = llm.llm_engine.engine_core.engine_core
-        connector = core.scheduler.ec_connector
-        if connector is not None:
-            sched = connector._scheduler
-            report["stats"] = sched.stats.as_dict()
-            occ = sched.occupancy()
-            report["occupancy"] = {"entries": occ.entries, "used_bytes": occ.used_bytes}
-            report["region"] = connector._container.region().name
+    if connector is not None:
+        sched = connector._scheduler
+        sched.poll()
+        report["stats"] = sched.stats.as_dict()
+        occ = sched.occupancy()
+        report["occupancy"] = {"entries": occ.entries, "used_bytes": occ.used_bytes}
+        report["reported_stats"] = seen_stats.reduce() if seen_stats is not None else {}
     with open(out_path, "w") as f:
         json.dump(report, f)
 
