@@ -6,7 +6,6 @@ at teardown); reuse it from other contract suites by importing the fixtures from
 
 from __future__ import annotations
 
-import shutil
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -25,17 +24,6 @@ RANKS = 3
 
 RegionFactory = Callable[..., Region]
 
-
-@pytest.fixture
-def shm_dir() -> Iterator[Path]:
-    """A private directory on the real /dev/shm tmpfs; it must hold no region file at the end."""
-    path = Path("/dev/shm") / f"ec_test_{uuid.uuid4().hex[:12]}"
-    path.mkdir(mode=0o700)
-    try:
-        yield path
-        assert sorted(p.name for p in path.iterdir()) == [], "a test left region files behind"
-    finally:
-        shutil.rmtree(path, ignore_errors=True)
 
 
 @pytest.fixture(params=["memory", "shm"])

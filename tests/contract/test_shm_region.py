@@ -10,7 +10,6 @@ import json
 import os
 import queue
 import random
-import shutil
 import signal
 import subprocess
 import sys
@@ -44,17 +43,6 @@ ROOT = os.geteuid() == 0
 def _instance() -> str:
     return f"t{uuid.uuid4().hex[:10]}"
 
-
-@pytest.fixture
-def shm_dir() -> Iterator[Path]:
-    """A private directory on the real /dev/shm tmpfs; it must hold nothing at the end."""
-    path = Path("/dev/shm") / f"ec_test_{uuid.uuid4().hex[:12]}"
-    path.mkdir(mode=0o700)
-    try:
-        yield path
-        assert sorted(p.name for p in path.iterdir()) == [], "a test left files behind"
-    finally:
-        shutil.rmtree(path, ignore_errors=True)
 
 
 def _snapshot(path: Path) -> tuple[object, ...]:

@@ -22,11 +22,9 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import queue
-import shutil
 import time
 import traceback
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -265,17 +263,6 @@ def _stored_differs(region: ShmRegion, scheduler: TierScheduler, items: list[tup
         del host
         data.release()
 
-
-@pytest.fixture
-def shm_dir() -> Iterator[Path]:
-    """A private directory on the real /dev/shm tmpfs; it must hold nothing at the end."""
-    path = Path("/dev/shm") / f"ec_test_{uuid.uuid4().hex[:12]}"
-    path.mkdir(mode=0o700)
-    try:
-        yield path
-        assert sorted(p.name for p in path.iterdir()) == [], "the test left files behind"
-    finally:
-        shutil.rmtree(path, ignore_errors=True)
 
 
 @pytest.mark.parametrize("width", [1024, 3584], ids=lambda w: f"bf16x{w}")
