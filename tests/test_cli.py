@@ -44,3 +44,53 @@ def test_demo_with_an_unusable_region_directory_is_a_clear_error(tmp_path):
     assert result.returncode == 2, result.stdout + result.stderr
     assert "Traceback" not in result.stderr
     assert str(missing) in result.stderr
+
+
+def _orphan(shm_dir: Path, instance: str) -> Path:
+    """A region left by a process that was SIGKILLed before every participant mapped it."""
+    code = (
+        "import os, signal, sys\n"
+        "from ec_connector.adapters.shm import ShmRegion\n"
+        "from ec_connector.domain.layout import Layout\n"
+        f"r = ShmRegion.open(instance={instance!r}, dp_rank=0, layout=Layout(64, 'bfloat16', 32),\n"
+        f"    participants=2, shm_dir={str(shm_dir)!r})\n"
+        "os.kill(os.getpid(), signal.SIGKILL)\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, timeout=60)
+    assert proc.returncode == -9
+    path = shm_dir / f"vllm_ec_{instance}_dp0.mmap"
+    assert path.exists()
+    return path
+
+
+def test_regions_gc_removes_an_orphan_of_a_sigkilled_process_and_refuses_a_live_region(tmp_path):
+    from ec_connector.adapters.shm import ShmRegion
+    from ec_connector.domain.layout import Layout
+
+    shm = Path("/dev/shm") / f"ec_cli_{tmp_path.name[-12:]}"
+    shm.mkdir()
+    try:
+        orphan = _orphan(shm, "dead")
+        live = ShmRegion.open(
+            instance="live", dp_rank=0, layout=Layout(64, "bfloat16", 32), participants=2, shm_dir=shm
+        )
+        listing = _cli("regions", "--dir", str(shm), "list")
+        assert listing.returncode == 0
+        lines = {line.split()[-1]: line.split()[0] for line in listing.stdout.splitlines()[1:]}
+        assert lines == {str(orphan): "orphaned", str(live.path): "alive"}
+
+        refused = _cli("regions", "--dir", str(shm), "gc", str(live.path))
+        assert refused.returncode == 2 and "live process" in refused.stderr
+        assert "Traceback" not in refused.stderr
+
+        gc = _cli("regions", "--dir", str(shm), "gc")
+        assert gc.returncode == 0 and "1 orphaned region file(s) removed" in gc.stdout
+        assert not orphan.exists() and live.path.exists()
+
+        forced = _cli("regions", "--dir", str(shm), "gc", "--force", str(live.path))
+        assert forced.returncode == 0 and not live.path.exists()
+        live.close()
+    finally:
+        import shutil
+
+        shutil.rmtree(shm, ignore_errors=True)

@@ -37,6 +37,9 @@ def _parser() -> argparse.ArgumentParser:
     demo.add_argument("--shm-dir", default="/dev/shm", help="where the region file lives")
     demo.add_argument("--json-logs", action="store_true", help="render logs as JSON")
     demo.add_argument("-v", "--verbose", action="store_true", help="log every tier event")
+    from ec_connector.cli.regions import add_parser
+
+    add_parser(sub)
     return parser
 
 
@@ -57,6 +60,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             from ec_connector.cli.demo import run_demo
 
             return run_demo(args)
+        if args.command == "regions":
+            from ec_connector.cli.regions import run_regions
+
+            return run_regions(args)
     except (ECConnectorError, ValueError) as err:
         print(f"ec-connector {args.command}: error: {err}", file=sys.stderr)
         return EXIT_USAGE
