@@ -3,11 +3,15 @@
 Runs in the engine-core process. It owns the entry table; workers learn what to copy from the
 `StepPlan` this service hands out, and report back through the region's completion table, so
 completion reaches this side on every model runner (worker metadata is never needed).
+
+The table is also read by the P2P services, whose producer side answers peers from an I/O thread:
+every public method holds `lock`, and so must any other user of `table`.
 """
 
 from __future__ import annotations
 
 import itertools
+import threading
 from dataclasses import dataclass, field
 from enum import Enum
 
@@ -17,7 +21,8 @@ from ec_connector.application.stats import Occupancy, TierStats
 from ec_connector.domain.blocks import Extent
 from ec_connector.domain.cache import EntryTable, Expiry
 from ec_connector.domain.config import ConnectorConfig
-from ec_connector.domain.entries import Phase
+from ec_connector.domain.entries import Entry, Phase
+from ec_connector.domain.layout import Layout
 from ec_connector.domain.transfers import CacheEvent, Completion, EventKind, PlannedCopy, StepPlan
 from ec_connector.ports.region import Region
 from ec_connector.ports.runtime import Clock, EventSink
@@ -71,17 +76,36 @@ class TierScheduler:
         self._planned_keys: set[str] = set()
         self._promised: set[str] = set()
         self._polled = False
+        self.lock = threading.RLock()
         self.stats = TierStats()
 
     @property
     def table(self) -> EntryTable:
         return self._table
 
+    @property
+    def layout(self) -> Layout:
+        return self._layout
+
+    def account_evictions(self, evicted: tuple[Entry, ...]) -> None:
+        """Count and announce entries a reservation evicted (hold `lock`)."""
+        for victim in evicted:
+            self.stats.evictions += 1
+            self._publish(EventKind.EVICTED, victim.key, victim.rows)
+
+    def publish_event(self, kind: EventKind, key: str, rows: int) -> None:
+        """Hand a cache event to the event sink (sizes in bytes of this region's layout)."""
+        self._publish(kind, key, rows)
+
     def has_item(self, key: str) -> bool:
         """True when `key` can be reloaded from the tier (consumer or both roles only).
 
         A True answer protects the entry from eviction until this step's plan is taken.
         """
+        with self.lock:
+            return self._has_item(key)
+
+    def _has_item(self, key: str) -> bool:
         self._poll_once_per_step()
         if not self._config.role.loads:
             return False
@@ -94,6 +118,10 @@ class TierScheduler:
 
     def on_allocated(self, key: str, rows: int) -> None:
         """vLLM made room for item `key` of `rows` rows: plan its reload, or its offload."""
+        with self.lock:
+            self._on_allocated(key, rows)
+
+    def _on_allocated(self, key: str, rows: int) -> None:
         self._poll_once_per_step()
         if key in self._planned_keys:
             return
@@ -108,6 +136,10 @@ class TierScheduler:
 
     def take_plan(self) -> StepPlan:
         """This step's copies for the workers; resets the step."""
+        with self.lock:
+            return self._take_plan()
+
+    def _take_plan(self) -> StepPlan:
         self._poll_once_per_step()
         plan = StepPlan(saves=tuple(self._saves), loads=tuple(self._loads))
         self._saves, self._loads = [], []
@@ -118,6 +150,10 @@ class TierScheduler:
 
     def poll(self) -> None:
         """Apply completions the workers posted and settle every lapsed deadline."""
+        with self.lock:
+            self._poll()
+
+    def _poll(self) -> None:
         for completion in self._region.drain_completions():
             self._complete(completion)
         expiry = self._table.expire(self._clock.now(), quarantine_s=self._config.quarantine_s)
@@ -126,10 +162,15 @@ class TierScheduler:
 
     def has_pending_work(self) -> bool:
         """True while a planned copy has not completed on every rank it involves."""
-        self.poll()
-        return bool(self._pending or self._saves or self._loads)
+        with self.lock:
+            self._poll()
+            return bool(self._pending or self._saves or self._loads)
 
     def occupancy(self) -> Occupancy:
+        with self.lock:
+            return self._occupancy()
+
+    def _occupancy(self) -> Occupancy:
         blocks = self._table.blocks
         size = self._layout.block_size_bytes
         return Occupancy(
@@ -143,7 +184,7 @@ class TierScheduler:
     def _poll_once_per_step(self) -> None:
         if not self._polled:
             self._polled = True
-            self.poll()
+            self._poll()
 
     def _plan_save(self, key: str, rows: int, now: float) -> None:
         reservation = self._table.reserve(
@@ -153,9 +194,7 @@ class TierScheduler:
             self.stats.not_offloaded += 1
             log.info("offload_skipped_region_full", mm_hash=key, rows=rows)
             return
-        for victim in reservation.evicted:
-            self.stats.evictions += 1
-            self._publish(EventKind.EVICTED, victim.key, victim.rows)
+        self.account_evictions(reservation.evicted)
         entry = reservation.entry
         copy = self._plan(_Kind.SAVE, key, entry.extents, rows, now)
         self._save_ticket[key] = copy.ticket
@@ -220,6 +259,7 @@ class TierScheduler:
                 self._pending.pop(ticket, None)
             log.warning("offload_lease_lapsed", mm_hash=key)
         self.stats.quarantines_settled += len(expiry.quarantines_settled)
+        self.stats.grants_lapsed += len(expiry.grants_released)
         for key in expiry.announcements_ended:
             entry = self._table.get(key)
             self._publish(EventKind.EXPIRED, key, entry.rows if entry else 0)

@@ -25,6 +25,7 @@ class TierStats:
     quarantines_settled: int = 0
     late_completions: int = 0
     unknown_completions: int = 0
+    grants_lapsed: int = 0
 
     def as_dict(self) -> dict[str, int]:
         return asdict(self)
@@ -39,3 +40,40 @@ class Occupancy:
     free_blocks: int
     used_bytes: int
     capacity_bytes: int
+
+
+@dataclass(slots=True)
+class PeerStats:
+    """Monotonic counters of the P2P flows (producer and consumer sides)."""
+
+    # consumer
+    requests_sent: int = 0
+    acks_ok: int = 0
+    nack_missing: int = 0
+    nack_not_ready: int = 0
+    nack_incompat: int = 0
+    nack_version: int = 0
+    nack_internal: int = 0
+    ack_timeouts: int = 0
+    peers_lost: int = 0
+    reads_done: int = 0
+    reads_failed: int = 0
+    read_timeouts: int = 0
+    bytes_read: int = 0
+    fallbacks: int = 0
+    unavailable_requests: int = 0
+    bad_params: int = 0
+    bad_acks: int = 0
+    late_acks: int = 0
+    # producer
+    grants: int = 0
+    grants_released: int = 0
+    announced: int = 0
+    unservable: int = 0
+
+    def count_nack(self, status: str) -> None:
+        attr = status.lower()
+        setattr(self, attr, getattr(self, attr) + 1)
+
+    def as_dict(self) -> dict[str, int]:
+        return asdict(self)

@@ -45,6 +45,7 @@ class Engine:
         num_blocks: int = 64,
         ranks: int = 1,
         hold: bool = False,
+        clock: ManualClock | None = None,
         **config: object,
     ) -> None:
         self.layout = Layout(hidden_dim=HIDDEN, dtype=DTYPE, num_blocks=num_blocks)
@@ -54,7 +55,7 @@ class Engine:
             **config,  # type: ignore[arg-type]
         )
         self.region = MemoryRegion(self.layout, ranks=ranks)
-        self.clock = ManualClock()
+        self.clock = clock or ManualClock()
         self.events = RecordingEventSink()
         self.scheduler = TierScheduler(
             config=self.config,

@@ -1,0 +1,295 @@
+"""The consumer side of P2P: pull announced encodings from producers, or fall back.
+
+For each item a request names in `ec_transfer_params` and that is not in the local tier, the
+fetcher reserves local blocks, asks the producer (XferReq), and on an OK ack READs the bytes into
+those blocks; the entry then becomes READY and the item loads from the local tier as usual.
+
+Every path ends within a bound: an ack not received within `consumer_ack_timeout_s`, a READ not
+done within `read_timeout_s`, or NACK_NOT_READY for longer than `not_ready_give_up_s` fall back to
+local encoding. NACK_NOT_READY keeps the reservation (retried with backoff); a READ given up on
+leaves its blocks quarantined, since a DMA may still write them. A request whose media were
+rewritten away and whose item cannot be fetched is reported by `take_unavailable`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from enum import Enum
+
+import structlog
+
+from ec_connector.application.scheduler import TierScheduler
+from ec_connector.application.stats import PeerStats
+from ec_connector.domain.config import ConnectorConfig
+from ec_connector.domain.entries import Phase
+from ec_connector.domain.errors import ProtocolError
+from ec_connector.domain.protocol import PROTOCOL_VERSION, NextStep, XferAck, XferDone, XferReq, next_step
+from ec_connector.domain.publish import PeerAddress, PeerRef, parse_transfer_params
+from ec_connector.ports.control import ControlClient
+from ec_connector.ports.peer import PeerTransport, ReadState
+from ec_connector.ports.runtime import Clock
+
+log = structlog.get_logger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class WantedItem:
+    """One multimodal item of a request: its identifier, rows, and whether its media is present."""
+
+    key: str
+    rows: int
+    has_media: bool = True
+
+
+class _State(Enum):
+    ASKING = "asking"
+    BACKING_OFF = "backing_off"
+    READING = "reading"
+
+
+@dataclass(slots=True)
+class _Fetch:
+    ref: PeerRef
+    rows: int
+    state: _State
+    deadline: float
+    give_up_at: float
+    backoff: float
+    started: float
+    handle: int | None = None
+    grant_id: int = 0
+    waiting_without_media: set[str] = field(default_factory=set)
+
+
+class ConsumerFetcher:
+    """Pulls items named by producers' params into the local tier."""
+
+    def __init__(
+        self,
+        *,
+        tier: TierScheduler,
+        config: ConnectorConfig,
+        clock: Clock,
+        control: ControlClient,
+        transport: PeerTransport,
+        fingerprint: str,
+        engine_id: str,
+        stats: PeerStats,
+    ) -> None:
+        self._tier = tier
+        self._config = config
+        self._clock = clock
+        self._control = control
+        self._transport = transport
+        self._fingerprint = fingerprint
+        self._engine_id = engine_id
+        self._fetches: dict[str, _Fetch] = {}
+        self._fell_back: dict[str, float] = {}
+        self._unavailable: set[str] = set()
+        self.stats = stats
+
+    def ensure_available(self, request_id: str, params: object, items: Sequence[WantedItem]) -> bool:
+        """True when no item of the request is still being fetched (deferred while False)."""
+        refs = self._refs(request_id, params) if params else {}
+        pending = False
+        with self._tier.lock:
+            now = self._clock.now()
+            for item in items:
+                if self._tier.table.is_ready(item.key):
+                    continue
+                fetch = self._fetches.get(item.key)
+                if fetch is not None:
+                    if not item.has_media:
+                        fetch.waiting_without_media.add(request_id)
+                    pending = True
+                    continue
+                ref = refs.get(item.key)
+                if ref is not None and item.key not in self._fell_back and self._start(ref, item, now):
+                    if not item.has_media:
+                        self._fetches[item.key].waiting_without_media.add(request_id)
+                    pending = True
+                elif not item.has_media:
+                    self._unavailable.add(request_id)
+        return not pending
+
+    def poll(self) -> None:
+        """Apply acks and peer losses, progress READs, enforce every deadline; non-blocking."""
+        replies = self._control.poll()
+        with self._tier.lock:
+            now = self._clock.now()
+            for reply in replies:
+                if reply.ack is None:
+                    self._peer_lost(reply.address)
+                else:
+                    self._on_ack(reply.address, reply.ack, now)
+            for key, fetch in list(self._fetches.items()):
+                self._progress(key, fetch, now)
+            horizon = now - self._config.announce_lease_s
+            self._fell_back = {k: t for k, t in self._fell_back.items() if t > horizon}
+
+    def has_pending_work(self) -> bool:
+        return bool(self._fetches)
+
+    def take_unavailable(self) -> set[str]:
+        """Requests whose media are gone and whose items could not be fetched (fail them)."""
+        out, self._unavailable = self._unavailable, set()
+        self.stats.unavailable_requests += len(out)
+        return out
+
+    def _refs(self, request_id: str, params: object) -> dict[str, PeerRef | None]:
+        try:
+            return parse_transfer_params(params)
+        except ProtocolError as err:
+            self.stats.bad_params += 1
+            log.warning("transfer_params_rejected", request_id=request_id, reason=str(err))
+            return {}
+
+    def _start(self, ref: PeerRef, item: WantedItem, now: float) -> bool:
+        layout = self._tier.layout
+        if ref.size_bytes != item.rows * layout.block_size_bytes:
+            self.stats.bad_params += 1
+            log.warning("transfer_size_mismatch", mm_hash=item.key, size=ref.size_bytes, rows=item.rows)
+            return False
+        if item.key in self._tier.table:
+            return False  # a local save of the same item is in flight
+        lease = self._config.consumer_ack_timeout_s + self._config.not_ready_give_up_s
+        reservation = self._tier.table.reserve(
+            item.key, item.rows, now=now, lease_s=lease + self._config.read_timeout_s
+        )
+        if reservation is None:
+            self._fall_back(item.key, now, "region_full")
+            return False
+        self._tier.account_evictions(reservation.evicted)
+        self._fetches[item.key] = _Fetch(
+            ref=ref,
+            rows=item.rows,
+            state=_State.ASKING,
+            deadline=now + self._config.consumer_ack_timeout_s,
+            give_up_at=now + self._config.not_ready_give_up_s,
+            backoff=self._config.not_ready_backoff_s,
+            started=now,
+        )
+        self._ask(ref)
+        return True
+
+    def _ask(self, ref: PeerRef) -> None:
+        req = XferReq(PROTOCOL_VERSION, ref.mm_hash, self._fingerprint, self._engine_id)
+        self._control.send(ref.address, req)
+        self.stats.requests_sent += 1
+
+    def _on_ack(self, address: PeerAddress, ack: XferAck, now: float) -> None:
+        fetch = self._fetches.get(ack.mm_hash)
+        if fetch is None or fetch.state is not _State.ASKING or fetch.ref.address != address:
+            self.stats.late_acks += 1
+            if ack.grant_id:
+                self._control.send(address, XferDone(PROTOCOL_VERSION, ack.mm_hash, ack.grant_id))
+            return
+        step = next_step(ack.status)
+        if step is NextStep.FALLBACK:
+            self.stats.count_nack(ack.status.value)
+            self._fail(ack.mm_hash, fetch, now, ack.status.value)
+        elif step is NextStep.RETRY:
+            self.stats.count_nack(ack.status.value)
+            if now >= fetch.give_up_at:
+                self._fail(ack.mm_hash, fetch, now, "not_ready_too_long")
+                return
+            fetch.state, fetch.deadline = _State.BACKING_OFF, now + fetch.backoff
+            fetch.backoff = min(fetch.backoff * 2, self._config.not_ready_backoff_max_s)
+        else:
+            self.stats.acks_ok += 1
+            fetch.grant_id = ack.grant_id
+            self._read(ack, fetch, now)
+
+    def _read(self, ack: XferAck, fetch: _Fetch, now: float) -> None:
+        entry = self._tier.table.get(ack.mm_hash)
+        size = fetch.rows * self._tier.layout.block_size_bytes
+        if (
+            entry is None
+            or ack.size_bytes != size
+            or sum(n for _, n in ack.runs) != size
+            or not ack.agent_name
+        ):
+            self.stats.bad_acks += 1
+            self._fail(ack.mm_hash, fetch, now, "bad_ack")
+            return
+        try:
+            self._transport.add_peer(ack.agent_name, ack.agent_metadata)
+            fetch.handle = self._transport.start_read(
+                ack.agent_name, ack.runs, self._tier.layout.byte_runs(entry.extents)
+            )
+        except (ConnectionError, ValueError) as err:
+            log.warning("peer_read_not_started", mm_hash=ack.mm_hash, peer=ack.agent_name, reason=str(err))
+            self.stats.reads_failed += 1
+            self._fail(ack.mm_hash, fetch, now, "read_not_started")
+            return
+        fetch.state, fetch.deadline = _State.READING, now + self._config.read_timeout_s
+
+    def _progress(self, key: str, fetch: _Fetch, now: float) -> None:
+        if fetch.state is _State.ASKING and now >= fetch.deadline:
+            self.stats.ack_timeouts += 1
+            self._fail(key, fetch, now, "ack_timeout")
+        elif fetch.state is _State.BACKING_OFF and now >= fetch.deadline:
+            fetch.state, fetch.deadline = _State.ASKING, now + self._config.consumer_ack_timeout_s
+            self._ask(fetch.ref)
+        elif fetch.state is _State.READING:
+            assert fetch.handle is not None
+            state = self._transport.read_state(fetch.handle)
+            if state is ReadState.DONE:
+                self._transport.release(fetch.handle)
+                self._done(key, fetch, now)
+            elif state is ReadState.FAILED:
+                self._transport.release(fetch.handle)
+                self.stats.reads_failed += 1
+                self._fail(key, fetch, now, "read_failed", quarantine=True)
+            elif now >= fetch.deadline:
+                self._transport.release(fetch.handle)
+                self.stats.read_timeouts += 1
+                self._fail(key, fetch, now, "read_timeout", quarantine=True)
+
+    def _done(self, key: str, fetch: _Fetch, now: float) -> None:
+        del self._fetches[key]
+        self._tier.table.mark_ready(key)
+        self.stats.reads_done += 1
+        self.stats.bytes_read += fetch.ref.size_bytes
+        self._control.send(fetch.ref.address, XferDone(PROTOCOL_VERSION, key, fetch.grant_id))
+        log.info(
+            "peer_transfer",
+            mm_hash=key,
+            peer=f"{fetch.ref.address.host}:{fetch.ref.address.port}",
+            size_bytes=fetch.ref.size_bytes,
+            seconds=round(now - fetch.started, 6),
+            outcome="read",
+        )
+
+    def _peer_lost(self, address: PeerAddress) -> None:
+        now = self._clock.now()
+        for key, fetch in list(self._fetches.items()):
+            if fetch.ref.address == address and fetch.state is not _State.READING:
+                self.stats.peers_lost += 1
+                self._fail(key, fetch, now, "peer_lost")
+
+    def _fail(self, key: str, fetch: _Fetch, now: float, reason: str, *, quarantine: bool = False) -> None:
+        del self._fetches[key]
+        entry = self._tier.table.get(key)
+        if entry is not None and entry.phase is Phase.NOT_READY:
+            if quarantine:
+                self._tier.table.quarantine(key, now=now, quarantine_s=self._config.quarantine_s)
+            else:
+                self._tier.table.drop(key)
+        if fetch.grant_id and reason != "read_not_started":
+            self._control.send(fetch.ref.address, XferDone(PROTOCOL_VERSION, key, fetch.grant_id))
+        self._unavailable |= fetch.waiting_without_media
+        self._fall_back(key, now, reason)
+        log.info(
+            "peer_transfer",
+            mm_hash=key,
+            peer=f"{fetch.ref.address.host}:{fetch.ref.address.port}",
+            seconds=round(now - fetch.started, 6),
+            outcome="fallback",
+            reason=reason,
+        )
+
+    def _fall_back(self, key: str, now: float, reason: str) -> None:
+        self._fell_back[key] = now
+        self.stats.fallbacks += 1
