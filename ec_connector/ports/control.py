@@ -24,7 +24,11 @@ class ControlServer(Protocol):
         on_request: Callable[[XferReq], XferAck],
         on_done: Callable[[XferDone], None],
     ) -> None:
-        """Begin answering peers from a background thread; the callbacks must be thread-safe."""
+        """Begin answering peers from a background thread; the callbacks must be thread-safe.
+
+        A request `on_request` raises on is answered NACK_INTERNAL; an exception from either
+        callback is logged (the fake records it) and never stops the server.
+        """
         ...
 
     def close(self) -> None:
@@ -34,11 +38,18 @@ class ControlServer(Protocol):
 
 class ControlClient(Protocol):
     def send(self, address: PeerAddress, message: XferReq | XferDone) -> None:
-        """Queue `message` for the producer at `address`; non-blocking."""
+        """Queue `message` for the producer at `address`; non-blocking.
+
+        Delivery failures never raise here: an unreachable peer is reported by a later poll.
+        """
         ...
 
     def poll(self) -> list[Reply]:
-        """Replies and peer losses since the last poll; non-blocking; each returned once."""
+        """Replies and peer losses since the last poll; non-blocking; each returned once.
+
+        A loss (`Reply(address, None)`) means no ack will come for what is in flight to that
+        peer; acks that arrived before it come first. A later send connects afresh.
+        """
         ...
 
     def close(self) -> None:

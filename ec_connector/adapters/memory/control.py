@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from ec_connector.domain.protocol import XferAck, XferDone, XferReq
+from ec_connector.domain.protocol import PROTOCOL_VERSION, AckStatus, XferAck, XferDone, XferReq
 from ec_connector.domain.publish import PeerAddress
 from ec_connector.ports.control import Reply
 
@@ -21,6 +21,7 @@ class MemoryNetwork:
         self.servers: dict[PeerAddress, Handlers] = {}
         self.silenced: set[PeerAddress] = set()
         self.sent: list[tuple[PeerAddress, XferReq | XferDone]] = []
+        self.errors: list[Exception] = []
 
 
 class MemoryControlServer:
@@ -54,9 +55,17 @@ class MemoryControlClient:
             return
         on_request, on_done = handlers
         if isinstance(message, XferReq):
-            self._replies.append(Reply(address, on_request(message)))
+            try:
+                ack = on_request(message)
+            except Exception as err:
+                self._network.errors.append(err)
+                ack = XferAck(PROTOCOL_VERSION, message.mm_hash, AckStatus.NACK_INTERNAL)
+            self._replies.append(Reply(address, ack))
         else:
-            on_done(message)
+            try:
+                on_done(message)
+            except Exception as err:
+                self._network.errors.append(err)
 
     def poll(self) -> list[Reply]:
         out, self._replies = self._replies, []

@@ -169,7 +169,7 @@ class ZmqControlClient:
                 check_size(len(parts[0]))
                 ack = decode_ack(unseal(self._auth, ACK, parts))
             except VersionMismatch as err:
-                if err.kind != "ack":
+                if err.kind in ("req", "done"):
                     self._drops.drop(err.reason, err, host=peer.address.host, port=peer.address.port)
                     continue
                 ack = XferAck(err.version, err.mm_hash, AckStatus.NACK_VERSION)

@@ -14,7 +14,7 @@ counter a receiver bumps. Encoding checks the same rules, so what one end sends 
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any
 
 import msgspec
 
@@ -52,7 +52,11 @@ class UnexpectedMessage(FrameRejected):
 
 
 class VersionMismatch(FrameRejected):
-    """The frame speaks another protocol version; `kind` and `mm_hash` are read when possible."""
+    """The frame speaks another protocol version; `kind` and `mm_hash` are read when possible.
+
+    A receiver answers what may be a request (any kind but "ack" and "done") NACK_VERSION and
+    reads what may be an ack (any kind but "req" and "done") as one; it drops the rest.
+    """
 
     reason = "version"
 
@@ -112,8 +116,8 @@ class _Probe(msgspec.Struct, frozen=True):
 
 
 class _Keyed(msgspec.Struct, frozen=True):
-    type: str = ""
-    mm_hash: str = ""
+    type: Any = None
+    mm_hash: Any = None
 
 
 _encoder = msgspec.msgpack.Encoder()
@@ -217,10 +221,11 @@ def _decode_body(raw: bytes | msgspec.Raw) -> _Body:
 
 
 def _lenient_key(raw: msgspec.Raw) -> tuple[str, str]:
-    """The kind and key of another version's body, or "" where they cannot be read."""
+    """The kind and key of another version's body, each "" where it cannot be read."""
     try:
         keyed = _keyed.decode(raw)
     except (msgspec.DecodeError, msgspec.ValidationError, RecursionError):
         return "", ""
-    mm_hash = keyed.mm_hash if len(keyed.mm_hash) <= MAX_KEY_CHARS else ""
-    return keyed.type, mm_hash
+    kind = keyed.type if isinstance(keyed.type, str) and len(keyed.type) <= 16 else ""
+    key = keyed.mm_hash if isinstance(keyed.mm_hash, str) and len(keyed.mm_hash) <= MAX_KEY_CHARS else ""
+    return kind, key

@@ -154,7 +154,7 @@ class ZmqControlServer:
                 check_size(len(frames[0]))
             message = decode_request(unseal(self._auth, REQUEST, frames))
         except VersionMismatch as err:
-            if err.kind != "req":
+            if err.kind in ("ack", "done"):
                 self._drops.drop(err.reason, err, peer=peer.hex())
                 return
             log.info("control_version_refused", peer=peer.hex(), version=err.version, mm_hash=err.mm_hash)
