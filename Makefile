@@ -2,16 +2,17 @@
 PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
-STAMP := $(VENV)/.installed-$(shell cat requirements/base.txt requirements/dev.txt pyproject.toml | sha1sum | cut -c1-12)
+STAMP := $(VENV)/.installed-$(shell cat requirements/base.txt requirements/dev.txt requirements/p2p.txt pyproject.toml | sha1sum | cut -c1-12)
 
 .PHONY: demo test lint venv vllm-env clean
 
 venv: $(STAMP)
 
-$(STAMP): requirements/base.txt requirements/dev.txt pyproject.toml
+$(STAMP): requirements/base.txt requirements/dev.txt requirements/p2p.txt pyproject.toml
 	$(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q -r requirements/dev.txt
+	$(BIN)/python -m pip install -q --no-deps -r requirements/p2p.txt
 	$(BIN)/python -m pip install -q --no-deps --no-build-isolation -e .
 	rm -f $(VENV)/.installed-*
 	touch $@

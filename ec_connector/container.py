@@ -14,6 +14,8 @@ Settings:
     tier               "shm" (real /dev/shm region) or "memory" (in-process fakes)
     device             torch device of the copier ("cpu", "cuda:0"); "memory" for the fake copier
     shm_dir            directory of the region files (default /dev/shm)
+    fingerprint        compatibility fingerprint of this instance (P2P only)
+    side_host, side_port  where a producer's control server listens and what it advertises (P2P)
 """
 
 from __future__ import annotations
@@ -24,9 +26,15 @@ from dependency_injector import containers, providers
 
 from ec_connector.adapters.system import LogEventSink, SystemClock
 from ec_connector.application import TierScheduler, TierWorker
+from ec_connector.application.consumer import ConsumerFetcher
+from ec_connector.application.producer import ProducerDesk
+from ec_connector.application.stats import PeerStats
 from ec_connector.domain.config import ConnectorConfig, parse_config
 from ec_connector.domain.layout import Layout
+from ec_connector.domain.publish import PeerAddress
+from ec_connector.ports.control import ControlClient, ControlServer
 from ec_connector.ports.copier import Copier
+from ec_connector.ports.peer import PeerTransport
 from ec_connector.ports.region import Region
 
 
@@ -84,6 +92,45 @@ def _copier(region: Region, device: str) -> Iterator[Copier]:
         copier.close()
 
 
+def _peer_transport(region: Region, config: ConnectorConfig, agent_name: str) -> Iterator[PeerTransport]:
+    from ec_connector.adapters.nixl_data import NixlPeerTransport
+
+    transport = NixlPeerTransport(
+        region,  # type: ignore[arg-type]  # the shm region exposes data_address()
+        agent_name=agent_name,
+        backend=config.nixl_backend,
+        ucx_error_mode=config.ucx_error_mode,
+    )
+    try:
+        yield transport
+    finally:
+        transport.close()
+
+
+def _control_server(config: ConnectorConfig, host: str, port: int) -> Iterator[ControlServer]:
+    from ec_connector.adapters.zmq_control import ZmqControlServer
+
+    server = ZmqControlServer(host, port, secret=config.side_channel_secret)
+    try:
+        yield server
+    finally:
+        server.close()
+
+
+def _control_client(config: ConnectorConfig) -> Iterator[ControlClient]:
+    from ec_connector.adapters.zmq_control import ZmqControlClient
+
+    client = ZmqControlClient(secret=config.side_channel_secret)
+    try:
+        yield client
+    finally:
+        client.close()
+
+
+def _agent_metadata(transport: PeerTransport) -> bytes:
+    return transport.agent_metadata()
+
+
 class Container(containers.DeclarativeContainer):
     settings = providers.Configuration()
 
@@ -125,6 +172,36 @@ class Container(containers.DeclarativeContainer):
         ranks=settings.ranks,
         engine_id=settings.instance,
     )
+    peer_stats = providers.Singleton(PeerStats)
+    peer_transport = providers.Resource(
+        _peer_transport, region, connector_config, agent_name=settings.instance
+    )
+    control_server = providers.Resource(
+        _control_server, connector_config, host=settings.side_host, port=settings.side_port
+    )
+    control_client = providers.Resource(_control_client, connector_config)
+    producer_desk = providers.Singleton(
+        ProducerDesk,
+        tier=tier_scheduler,
+        config=connector_config,
+        clock=clock,
+        fingerprint=settings.fingerprint,
+        address=providers.Factory(PeerAddress, settings.side_host, settings.side_port),
+        agent_name=settings.instance,
+        agent_metadata=providers.Callable(_agent_metadata, peer_transport),
+        stats=peer_stats,
+    )
+    consumer_fetcher = providers.Singleton(
+        ConsumerFetcher,
+        tier=tier_scheduler,
+        config=connector_config,
+        clock=clock,
+        control=control_client,
+        transport=peer_transport,
+        fingerprint=settings.fingerprint,
+        engine_id=settings.instance,
+        stats=peer_stats,
+    )
     tier_worker = providers.Singleton(
         TierWorker,
         role=connector_config.provided.role,
@@ -147,6 +224,9 @@ DEFAULTS: dict[str, object] = {
     "device": "cpu",
     "shm_dir": "/dev/shm",
     "dtype": "bfloat16",
+    "fingerprint": "",
+    "side_host": "localhost",
+    "side_port": 5601,
 }
 
 

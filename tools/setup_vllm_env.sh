@@ -24,7 +24,7 @@ FORCE=0
 log() { printf '[setup_vllm_env] %s\n' "$*" >&2; }
 
 stamp_value() {
-    cat "${BASH_SOURCE[0]}" "$ROOT/requirements/base.txt" "$ROOT/requirements/dev.txt" \
+    cat "${BASH_SOURCE[0]}" "$ROOT/requirements/base.txt" "$ROOT/requirements/dev.txt" "$ROOT/requirements/p2p.txt" \
         "$ROOT/pyproject.toml" | sha256sum | cut -d' ' -f1
 }
 
@@ -124,16 +124,19 @@ done
 log "installing requirements/{base,dev}.txt (less ${VLLM_OWNS[*]}) and ec_connector (editable)"
 "${PIP[@]}" install -r "$req"
 "${PIP[@]}" install --no-deps --no-build-isolation -e "$ROOT"
+log "installing requirements/p2p.txt (nixl, --no-deps)"
+"${PIP[@]}" install --no-deps -r "$ROOT/requirements/p2p.txt"
 
-# 7. Checks. `pip check` may only miss torchaudio/torchcodec (removed on purpose in step 3).
+# 7. Checks. `pip check` may only miss torchaudio/torchcodec (removed on purpose in step 3) and
+#    nixl-cu12 (never loaded: nixl-cu13 serves CPU hosts; see requirements/p2p.txt).
 check="$("${PIP[@]}" check 2>&1 || true)"
-unexpected="$(grep -v -E 'requires (torchaudio|torchcodec)[,;]|^No broken requirements' <<<"$check" || true)"
+unexpected="$(grep -v -E 'requires (torchaudio|torchcodec)[,;]|requires nixl-cu12|^No broken requirements' <<<"$check" || true)"
 if [[ -n "$unexpected" ]]; then
     printf '%s\n' "$unexpected" >&2
     log "pip check reports conflicts (above)"
     exit 1
 fi
-"$PY" -c "import vllm, torchvision.transforms.v2, ec_connector; print('vllm', vllm.__version__)"
+"$PY" -c "import vllm, torchvision.transforms.v2, ec_connector, nixl._api; print('vllm', vllm.__version__)"
 
 stamp_value >"$STAMP"
 log "ready: $VENV ($(du -sh "$VENV" | cut -f1))"

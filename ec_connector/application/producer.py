@@ -84,6 +84,11 @@ class ProducerDesk:
         tier, table = self._tier, self._tier.table
         with tier.lock:
             entry = table.get(req.mm_hash)
+            if entry is not None and entry.phase is Phase.NOT_READY:
+                # The save may have landed since the engine last stepped (an idle engine does
+                # not step): read the completion table before answering NOT_READY.
+                tier.poll()
+                entry = table.get(req.mm_hash)
             status = answer_status(req, fingerprint=self._fingerprint, entry=entry)
             if status is not AckStatus.OK or entry is None:
                 log.debug("peer_refused", mm_hash=req.mm_hash, peer=req.consumer, status=status.value)

@@ -304,3 +304,14 @@ def test_a_late_ack_releases_the_grant_it_carries():
     pair.fetcher._on_ack(ADDR, late, pair.clock.now())
     assert pair.consumer_stats.late_acks == 1
     assert pair.producer.scheduler.table.get("img").grants == {}
+
+
+def test_a_save_that_landed_while_the_producer_engine_was_idle_is_served_without_another_step():
+    pair = Pair()
+    pair.producer.step([("img", 4)])
+    for copier, worker in zip(pair.producer.copiers, pair.producer.workers, strict=True):
+        copier.release_held()
+        worker.flush()  # the completion is in the region; the producer's scheduler has not polled
+    params = pair.desk.publish({"img": META})
+    assert pair.run_until_available(params, [("img", 4)])
+    assert pair.consumer_stats.nack_not_ready == 0 and pair.consumer_stats.reads_done == 1

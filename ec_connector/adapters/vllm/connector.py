@@ -19,9 +19,9 @@ from vllm.distributed.ec_transfer.ec_connector.base import (
 
 from ec_connector.adapters.vllm import settings as vllm_settings
 from ec_connector.adapters.vllm.metadata import ECTierMetadata, ECTierStats
+from ec_connector.application.consumer import WantedItem
 from ec_connector.container import build_container
 from ec_connector.domain.config import parse_config
-from ec_connector.domain.errors import ConfigError
 from ec_connector.logging import configure_logging
 
 if TYPE_CHECKING:
@@ -40,17 +40,26 @@ class ECTierConnector(ECConnectorBase):
         config = parse_config(ec.ec_connector_extra_config, role=ec.ec_role)
         if config.enable_nixl:
             vllm_settings.require_nixl()
-            raise ConfigError(
-                "ec_connector_extra_config['ec_enable_nixl'] = true: peer-to-peer transfer is not "
-                "available in this version of ec_connector; remove ec_enable_nixl to run the "
-                "local CPU tier"
-            )
         self._scheduler = None
         self._worker = None
+        self._desk = None
+        self._fetcher = None
+        self._polled = False
         self._reported: dict[str, int] = {}
         if role == ECConnectorRole.SCHEDULER:
             self._container = build_container(**vllm_settings.scheduler_settings(vllm_config))
             self._scheduler = self._container.tier_scheduler()
+            if config.enable_nixl and config.role.saves:
+                self._desk = self._container.producer_desk()
+                self._container.control_server().start(self._desk.answer, self._desk.done)
+            if config.enable_nixl and config.role.loads:
+                self._fetcher = self._container.consumer_fetcher()
+            if config.enable_nixl:
+                from vllm.distributed.ec_transfer.ec_connector.utils import (
+                    PlaceholderMetadataResolver,
+                )
+
+                self._metadata = PlaceholderMetadataResolver(vllm_config.model_config)
         else:
             self._container = build_container(**vllm_settings.worker_settings(vllm_config))
             self._worker = self._container.tier_worker()
@@ -89,6 +98,21 @@ class ECTierConnector(ECConnectorBase):
         assert self._scheduler is not None
         return self._scheduler.has_item(identifier)
 
+    def ensure_cache_available(self, request: Request, num_computed_tokens: int) -> bool:
+        if self._fetcher is None:
+            return True
+        if not self._polled:
+            self._polled = True
+            self._fetcher.poll()
+        items = [
+            WantedItem(f.identifier, f.mm_position.get_num_embeds(), f.data is not None)
+            for f in request.mm_features
+        ]
+        return self._fetcher.ensure_available(request.request_id, request.ec_transfer_params, items)
+
+    def take_unavailable_requests(self) -> set[str]:
+        return self._fetcher.take_unavailable() if self._fetcher is not None else set()
+
     def update_state_after_alloc(self, request: Request, index: int) -> None:
         assert self._scheduler is not None
         feature = request.mm_features[index]
@@ -96,18 +120,33 @@ class ECTierConnector(ECConnectorBase):
 
     def build_connector_meta(self, scheduler_output: SchedulerOutput) -> ECConnectorMetadata:
         assert self._scheduler is not None
+        self._polled = False
         return ECTierMetadata(plan=self._scheduler.take_plan())
 
     def request_finished(self, request: Request) -> tuple[bool, dict[str, Any] | None]:
-        return False, None
+        if self._desk is None or not request.mm_features:
+            return False, None
+        from vllm.distributed.ec_transfer.ec_connector.utils import collect_ec_item_metadata
+
+        items = collect_ec_item_metadata(request.mm_features, self._metadata)
+        return False, self._desk.publish({key: item["metadata"] for key, item in items.items()})
 
     def has_pending_push_work(self) -> bool:
-        return self._scheduler is not None and self._scheduler.has_pending_work()
+        if self._scheduler is None:
+            return False
+        if self._fetcher is not None:
+            self._fetcher.poll()
+            if self._fetcher.has_pending_work():
+                return True
+        return self._scheduler.has_pending_work()
 
     def get_ec_connector_stats(self) -> ECTierStats | None:
         if self._scheduler is None:
             return None
         counters = self._scheduler.stats.as_dict()
+        if self._desk is not None or self._fetcher is not None:
+            peer = self._container.peer_stats().as_dict()
+            counters.update({f"peer_{k}": v for k, v in peer.items()})
         delta = {k: v - self._reported.get(k, 0) for k, v in counters.items()}
         self._reported = counters
         occupancy = self._scheduler.occupancy()

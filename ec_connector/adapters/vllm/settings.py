@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
+from ec_connector.domain.config import parse_config, side_channel_from_env
 from ec_connector.domain.errors import ConfigError
-from ec_connector.domain.layout import model_hidden_dim
+from ec_connector.domain.layout import DTYPE_ITEMSIZE, fingerprint, model_hidden_dim
 
 NIXL_MISSING = (
     "ec_enable_nixl requires NIXL; install the nixl package or remove ec_enable_nixl from "
@@ -46,7 +48,22 @@ def base_settings(vllm_config: Any) -> dict[str, Any]:
     extra = ec.ec_connector_extra_config
     hidden, dtype = encoder_row(vllm_config)
     ranks = parallel_ranks(vllm_config)
+    p2p: dict[str, Any] = {}
+    config = parse_config(extra, role=ec.ec_role)
+    if config.enable_nixl:
+        import vllm
+
+        p2p["fingerprint"] = fingerprint(
+            vllm_version=vllm.__version__,
+            model=str(vllm_config.model_config.model),
+            dtype=dtype,
+            block_size_bytes=hidden * DTYPE_ITEMSIZE[dtype],
+        )
+        if config.role.saves:
+            side = side_channel_from_env(os.environ)
+            p2p.update(side_host=side.host, side_port=side.port)
     return {
+        **p2p,
         "role": ec.ec_role,
         "extra": dict(extra) if isinstance(extra, dict) else extra,
         "instance": ec.engine_id,

@@ -38,12 +38,8 @@ def images():
     return out
 
 
-def main() -> None:
-    model_dir, out_path, config_path = sys.argv[1], sys.argv[2], sys.argv[3]
-    with open(config_path) as f:
-        config = json.load(f)
-
-    from vllm import LLM, SamplingParams
+def install_encoder_counter() -> list[str]:
+    """Record the identifier of every item vLLM's encoder runs on (single-process engines)."""
     from vllm.v1.worker import gpu_model_runner
 
     encoded: list[str] = []
@@ -55,6 +51,17 @@ def main() -> None:
         return hashes, kwargs, refs
 
     gpu_model_runner.GPUModelRunner._batch_mm_inputs_from_scheduler = counting
+    return encoded
+
+
+def main() -> None:
+    model_dir, out_path, config_path = sys.argv[1], sys.argv[2], sys.argv[3]
+    with open(config_path) as f:
+        config = json.load(f)
+
+    from vllm import LLM, SamplingParams
+
+    encoded = install_encoder_counter()
 
     kwargs = {}
     if config.get("connector"):

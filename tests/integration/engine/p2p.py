@@ -1,0 +1,89 @@
+"""Engine script for E→PD transfer: a producer engine or a consumer engine, in its own process.
+
+Run with the vLLM venv's python:
+    python p2p.py producer MODEL_DIR WORK_DIR CONFIG_JSON
+    python p2p.py consumer MODEL_DIR WORK_DIR CONFIG_JSON
+
+The producer serves the workload's requests (encoder only), writes each request's
+`ec_transfer_params` to WORK_DIR/params.json, then keeps its engine alive (its control thread keeps
+answering consumers) until WORK_DIR/stop exists. The consumer sends the same requests with those
+params in `SamplingParams.extra_args` and writes its tokens and the items its encoder ran on.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+from local_tier import images, install_encoder_counter
+
+
+def chat(llm, params, request, extra_args=None):  # noqa: ANN001, ANN201
+    from vllm import SamplingParams
+
+    pool = images()
+    content = [{"type": "image_pil", "image_pil": pool[i]} for i in request]
+    content.append({"type": "text", "text": "Describe."})
+    sampling = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True, extra_args=extra_args)
+    (out,) = llm.chat([{"role": "user", "content": content}], sampling, use_tqdm=False)
+    return out
+
+
+def main() -> None:
+    role, model_dir, work, config_path = sys.argv[1], sys.argv[2], Path(sys.argv[3]), sys.argv[4]
+    config = json.loads(Path(config_path).read_text())
+    encoded = install_encoder_counter()
+    from vllm import LLM
+
+    llm = LLM(
+        model=model_dir,
+        distributed_executor_backend="uni",
+        dtype="bfloat16",
+        max_model_len=512,
+        max_num_seqs=2,
+        seed=0,
+        enforce_eager=True,
+        enable_prefix_caching=False,
+        limit_mm_per_prompt={"image": 3},
+        ec_transfer_config=config["connector"],
+    )
+    connector = llm.llm_engine.engine_core.engine_core.scheduler.ec_connector
+    if role == "producer":
+        params = []
+        for request in config["workload"]:
+            started = time.perf_counter()
+            out = chat(llm, None, request)
+            params.append({"params": out.ec_transfer_params, "seconds": time.perf_counter() - started})
+        (work / "params.json").write_text(json.dumps(params))
+        deadline = time.monotonic() + config.get("serve_s", 120)
+        while not (work / "stop").exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        stats = connector._container.peer_stats().as_dict()
+        (work / "producer.json").write_text(json.dumps({"encoded": encoded, "peer": stats}))
+        return
+    params = json.loads((work / "params.json").read_text())
+    results = []
+    for request, published in zip(config["workload"], params, strict=True):
+        started = time.perf_counter()
+        out = chat(llm, published["params"], request, {"ec_transfer_params": published["params"]})
+        comp = out.outputs[0]
+        results.append(
+            {
+                "token_ids": list(comp.token_ids),
+                "finish_reason": comp.finish_reason,
+                "seconds": time.perf_counter() - started,
+            }
+        )
+    report = {
+        "requests": results,
+        "encoded": encoded,
+        "peer": connector._container.peer_stats().as_dict(),
+        "tier": connector._scheduler.stats.as_dict(),
+    }
+    (work / "consumer.json").write_text(json.dumps(report))
+
+
+if __name__ == "__main__":
+    main()
