@@ -1,0 +1,209 @@
+"""NIXL READ throughput between two processes on one host, through `NixlPeerTransport`.
+
+A producer process (spawned) holds a /dev/shm `ShmRegion` filled with a seeded pattern and a NIXL
+agent; this process holds its own region and agent, adds the producer as a peer and READs
+payloads of 1, 9 and 32 MiB as 1 run or as 64 runs (scattered with gaps on the producer side,
+dealt out in shuffled order on ours), for UCX error-handling mode `none` and `peer` (both agents in
+the same mode), with the reading agent's NIXL progress thread off (progress only from polling
+`read_state`) and on (the producer always runs one: without it the connection never comes up).
+Time = `start_read` until `read_state` says DONE (busy polling), median of --reps
+after --warmup reads; GiB/s = 2**30 B/s. Beside it, a plain in-process copy of the same bytes
+(numpy, between two mappings) for scale. Every read's bytes are verified against the pattern.
+
+    python bench/nixl_read.py                             # both modes, progress thread off and on
+    UCX_TLS=tcp,self python bench/nixl_read.py --modes none  # the environment reaches both processes
+
+It also prints the CPU an idle agent burns with and without its progress thread.
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing as mp
+import os
+import random
+import shutil
+import statistics
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from ec_connector.adapters.shm import ShmRegion  # noqa: E402
+from ec_connector.domain.layout import Layout  # noqa: E402
+from ec_connector.ports.peer import ReadState  # noqa: E402
+
+MiB = 1 << 20
+PAYLOADS_MIB = (1, 9, 32)
+RUNS = (1, 64)
+AREA = Layout(hidden_dim=512, dtype="bfloat16", num_blocks=80 * 1024)  # 1 KiB rows, 80 MiB
+
+
+def pattern(nbytes: int, seed: int = 7) -> np.ndarray:
+    return np.random.default_rng(seed).integers(0, 256, nbytes, dtype=np.uint8)
+
+
+def producer_main(name: str, mode: str, shm_dir: str, conn) -> None:  # runs in the spawned child
+    from ec_connector.adapters.nixl_data import NixlPeerTransport
+
+    region = ShmRegion.open(instance=name, dp_rank=0, layout=AREA, shm_dir=shm_dir, populate=True)
+    view = region.data()
+    np.frombuffer(view, dtype=np.uint8)[:] = pattern(AREA.data_bytes)
+    view.release()
+    transport = NixlPeerTransport(region, agent_name=name, ucx_error_mode=mode, progress_thread=True)
+    conn.send(transport.agent_metadata())
+    conn.recv()  # until the parent is done
+    transport.close()
+    region.close()
+
+
+def layouts(
+    payload: int, runs: int, rng: random.Random
+) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
+    """Remote runs with a one-run gap between them; local runs in shuffled slots, no gaps."""
+    n = payload // runs
+    remote = [(2 * i * n, n) for i in range(runs)]
+    slots = list(range(runs))
+    rng.shuffle(slots)
+    local = [(s * n, n) for s in slots]
+    return remote, local
+
+
+def timed_read(transport, peer: str, remote, local, timeout_s: float = 30.0) -> float:
+    t0 = time.perf_counter()
+    handle = transport.start_read(peer, remote, local)
+    while (state := transport.read_state(handle)) is ReadState.PENDING:
+        if time.perf_counter() - t0 > timeout_s:
+            raise TimeoutError("READ still pending")
+    dt = time.perf_counter() - t0
+    transport.release(handle)
+    if state is not ReadState.DONE:
+        raise RuntimeError(f"READ ended {state}")
+    return dt
+
+
+def verify(region: ShmRegion, remote, local, src: np.ndarray) -> None:
+    view = region.data()
+    dst = np.frombuffer(view, dtype=np.uint8)
+    try:
+        for (ro, n), (lo, _) in zip(remote, local, strict=True):
+            if not np.array_equal(dst[lo : lo + n], src[ro : ro + n]):
+                raise AssertionError(f"bytes differ in local run at {lo}")
+        dst[:] = 0  # so stale bytes cannot pass the next check
+    finally:
+        del dst
+        view.release()
+
+
+def local_copy_gibs(payload: int, reps: int) -> float:
+    a = np.ones(payload, dtype=np.uint8)
+    b = np.zeros(payload, dtype=np.uint8)
+    times = []
+    for _ in range(reps + 1):
+        t0 = time.perf_counter()
+        np.copyto(b, a)
+        times.append(time.perf_counter() - t0)
+    return payload / statistics.median(times[1:]) / 2**30
+
+
+def run_mode(mode: str, pthread: bool, args, shm_dir: Path) -> list[tuple]:
+    from ec_connector.adapters.nixl_data import NixlPeerTransport
+
+    ctx = mp.get_context("spawn")
+    ours, theirs = ctx.Pipe()
+    peer = f"bench-prod-{mode}"
+    proc = ctx.Process(target=producer_main, args=(peer, mode, str(shm_dir), theirs), daemon=True)
+    proc.start()
+    region = ShmRegion.open(
+        instance=f"bench-cons-{mode}", dp_rank=0, layout=AREA, shm_dir=shm_dir, populate=True
+    )
+    transport = NixlPeerTransport(
+        region, agent_name=f"bench-cons-{mode}", ucx_error_mode=mode, progress_thread=pthread
+    )
+    src = pattern(AREA.data_bytes)
+    rows = []
+    try:
+        if not ours.poll(120):
+            raise TimeoutError("producer did not start")
+        t0 = time.perf_counter()
+        transport.add_peer(peer, ours.recv())
+        added = time.perf_counter() - t0
+        first = timed_read(transport, peer, [(0, 4 * MiB)], [(0, 4 * MiB)])
+        label = f"{mode}, consumer progress thread {'on' if pthread else 'off'}"
+        print(f"[{label}] add_peer {1e3 * added:.1f} ms, first 4 MiB READ {1e3 * first:.1f} ms", flush=True)
+        rng = random.Random(1)
+        for mib in PAYLOADS_MIB:
+            for runs in RUNS:
+                remote, local = layouts(mib * MiB, runs, rng)
+                times = []
+                for _ in range(args.warmup + args.reps):
+                    times.append(timed_read(transport, peer, remote, local))
+                    verify(region, remote, local, src)
+                med = statistics.median(times[args.warmup :])
+                rows.append((mode, "on" if pthread else "off", mib, runs, med * 1e3, mib * MiB / med / 2**30))
+    finally:
+        transport.close()
+        region.close()
+        ours.send("stop")
+        proc.join(30)
+    return rows
+
+
+def idle_cpu(shm_dir: Path, pthread: bool, seconds: float = 2.0) -> float:
+    """CPU seconds per second this process burns while an agent sits idle."""
+    from ec_connector.adapters.nixl_data import NixlPeerTransport
+
+    small = Layout(hidden_dim=512, dtype="bfloat16", num_blocks=64)
+    with ShmRegion.open(instance=f"bench-idle-{pthread}", dp_rank=0, layout=small, shm_dir=shm_dir) as region:
+        transport = NixlPeerTransport(region, agent_name=f"bench-idle-{pthread}", progress_thread=pthread)
+        time.sleep(0.2)
+        c0, t0 = time.process_time(), time.perf_counter()
+        time.sleep(seconds)
+        busy = (time.process_time() - c0) / (time.perf_counter() - t0)
+        transport.close()
+    return busy
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--modes", nargs="+", default=["none", "peer"], choices=["none", "peer"])
+    ap.add_argument(
+        "--consumer-progress-thread",
+        nargs="+",
+        default=["off", "on"],
+        choices=["off", "on"],
+        help="NIXL progress thread in the reading agent (the producer always runs one)",
+    )
+    ap.add_argument("--reps", type=int, default=9)
+    ap.add_argument("--warmup", type=int, default=2)
+    args = ap.parse_args()
+    shm_dir = Path("/dev/shm") / f"ec_bench_{uuid.uuid4().hex[:8]}"
+    shm_dir.mkdir(mode=0o700)
+    try:
+        print(f"UCX_TLS={os.environ.get('UCX_TLS', '(unset)')}  cpus={os.cpu_count()}", flush=True)
+        for pthread in (False, True):
+            print(
+                f"idle agent, progress thread {'on' if pthread else 'off'}: "
+                f"{idle_cpu(shm_dir, pthread):.2f} CPU s/s",
+                flush=True,
+            )
+        rows = [
+            row
+            for mode in args.modes
+            for pthread in args.consumer_progress_thread
+            for row in run_mode(mode, pthread == "on", args, shm_dir)
+        ]
+    finally:
+        shutil.rmtree(shm_dir, ignore_errors=True)
+    print(f"{'mode':<5} {'pthr':>4} {'MiB':>4} {'runs':>4} {'ms':>8} {'GiB/s':>7} {'local copy GiB/s':>17}")
+    for mode, pthread, mib, runs, ms, gibs in rows:
+        local = local_copy_gibs(mib * MiB, 5)
+        print(f"{mode:<5} {pthread:>4} {mib:>4} {runs:>4} {ms:>8.2f} {gibs:>7.2f} {local:>17.2f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,19 @@
+"""The NIXL data-plane adapter: the PeerTransport port over a NIXL agent (UCX by default).
+
+Importing this package does not import NIXL; `NixlPeerTransport(...)` does, and raises
+RuntimeError(NIXL_MISSING) when it is not installed (`pip install --no-deps -r requirements/p2p.txt`).
+Only this package imports nixl. See README.md here for configuration, UCX_TLS and failure modes.
+"""
+
+from ec_connector.adapters.nixl_data.errors import NIXL_MISSING, DataPlaneError, PeerUnreachable
+from ec_connector.adapters.nixl_data.runs import pair_runs
+from ec_connector.adapters.nixl_data.transport import UCX_ERROR_MODES, NixlPeerTransport
+
+__all__ = [
+    "NIXL_MISSING",
+    "UCX_ERROR_MODES",
+    "DataPlaneError",
+    "NixlPeerTransport",
+    "PeerUnreachable",
+    "pair_runs",
+]

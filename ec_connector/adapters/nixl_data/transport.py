@@ -1,0 +1,291 @@
+"""`NixlPeerTransport`: the PeerTransport port over one NIXL agent and one registered region.
+
+One agent per engine instance (named by the caller from engine_id). The region's data area is
+registered once as DRAM (a /dev/shm-backed mmap; on CUDA hosts the same host memory). A consumer
+READs (offset, length) runs of a producer's data area into runs of its own; offsets are relative
+to each side's data area, and the descriptors cover contiguous stretches (runs.py), never rows.
+
+Configuration (SPEC §6): `backend` is a NIXL plugin name ("UCX" by default); for UCX,
+`ucx_error_mode` is passed as the backend init parameter `ucx_error_handling_mode`. The agent is
+created with no backend (`nixl_agent_config(backends=[])`) and the backend is then made with
+`create_backend(backend, {"ucx_error_handling_mode": mode})`. See README.md in this package for
+what the two modes do when a producer dies, and for UCX_TLS.
+
+Thread safety: every NIXL call holds one lock (the agent runs in NIXL's unsynchronised mode).
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import numpy as np
+import structlog
+
+from ec_connector.domain.layout import Layout
+from ec_connector.ports.peer import ReadState
+
+from . import wire
+from .errors import DataPlaneError, PeerUnreachable, backend_failure, describe, load_nixl
+from .runs import pair_runs
+
+log = structlog.get_logger(__name__)
+
+UCX_ERROR_MODES = ("none", "peer")
+_STATES = {"DONE": ReadState.DONE, "PROC": ReadState.PENDING}
+
+
+class AddressableRegion(Protocol):
+    """A Region whose data area has a stable address in this process (ShmRegion)."""
+
+    @property
+    def layout(self) -> Layout: ...
+
+    def data_address(self) -> int: ...
+
+
+@dataclass
+class _Peer:
+    metadata: bytes
+    info: wire.PeerInfo
+
+
+@dataclass
+class _Read:
+    peer: str
+    xfer: Any  # nixl_xfer_handle; None once final and released
+    state: ReadState = ReadState.PENDING
+
+
+class NixlPeerTransport:
+    """PeerTransport over NIXL; see the module docstring. `close()` before closing the region."""
+
+    def __init__(
+        self,
+        region: AddressableRegion,
+        *,
+        agent_name: str,
+        backend: str = "UCX",
+        ucx_error_mode: str = "peer",
+        progress_thread: bool = True,
+    ) -> None:
+        if not isinstance(agent_name, str) or not agent_name:
+            raise ValueError(f"agent_name must be a non-empty string, got {agent_name!r}")
+        if ucx_error_mode not in UCX_ERROR_MODES:
+            raise ValueError(f"ucx_error_mode {ucx_error_mode!r} is not one of {UCX_ERROR_MODES}")
+        api = load_nixl()
+        self._name = agent_name
+        self._backend = backend
+        self._lock = threading.RLock()
+        self._peers: dict[str, _Peer] = {}
+        self._reads: dict[int, _Read] = {}
+        self._stuck: list[Any] = []  # xfer handles NIXL could not abort yet; retried later
+        self._ids = itertools.count(1)
+        self._base = region.data_address()
+        self._size = region.layout.data_bytes
+        try:
+            self._agent = api.nixl_agent(
+                agent_name, api.nixl_agent_config(enable_prog_thread=progress_thread, backends=[])
+            )
+        except Exception as e:
+            raise DataPlaneError(f"cannot create NIXL agent {agent_name!r}: {describe(e)}") from e
+        if backend not in self._agent.get_plugin_list():
+            raise ValueError(
+                f"NIXL backend {backend!r} is not available; installed plugins: "
+                f"{sorted(self._agent.get_plugin_list())}"
+            )
+        params = {"ucx_error_handling_mode": ucx_error_mode} if backend == "UCX" else {}
+        try:
+            self._agent.create_backend(backend, params)
+            self._reg = self._agent.register_memory(
+                [(self._base, self._size, 0, "")], "DRAM", backends=[backend]
+            )
+            nixl_md = self._agent.get_agent_metadata()
+        except Exception as e:
+            self._agent = None
+            raise backend_failure(backend, ucx_error_mode, e) from e
+        self._metadata = wire.encode(wire.PeerInfo(self._base, self._size, nixl_md))
+        log.info(
+            "nixl_agent_started",
+            agent=agent_name,
+            backend=backend,
+            ucx_error_mode=ucx_error_mode,
+            area_bytes=self._size,
+        )
+
+    # -- the PeerTransport port -----------------------------------------------------------------
+
+    @property
+    def agent_name(self) -> str:
+        return self._name
+
+    def agent_metadata(self) -> bytes:
+        return self._metadata
+
+    def add_peer(self, name: str, metadata: bytes) -> None:
+        """Load the peer's agent; a changed envelope (restarted producer) replaces the old agent.
+
+        Reads still running against the replaced agent are aborted and report FAILED.
+        ValueError if the envelope is malformed or names another agent; ConnectionError if NIXL
+        cannot load it.
+        """
+        info = wire.decode(metadata, peer=name)
+        with self._lock:
+            self._check_open()
+            known = self._peers.get(name)
+            if known is not None and known.metadata == bytes(metadata):
+                return
+            if known is not None:
+                self._forget_peer(name, reason="replaced")
+            try:
+                loaded = self._agent.add_remote_agent(info.nixl_metadata)
+            except Exception as e:
+                raise PeerUnreachable(f"cannot load the NIXL metadata of peer {name!r}: {describe(e)}") from e
+            if isinstance(loaded, bytes):
+                loaded = loaded.decode(errors="replace")
+            if loaded != name:
+                self._remove_remote(loaded)
+                raise ValueError(f"metadata given for peer {name!r} is that of agent {loaded!r}")
+            self._peers[name] = _Peer(bytes(metadata), info)
+        log.info("nixl_peer_added", peer=name, replaced=known is not None)
+
+    def start_read(
+        self,
+        peer: str,
+        remote_runs: Sequence[tuple[int, int]],
+        local_runs: Sequence[tuple[int, int]],
+    ) -> int:
+        """Post one READ; ValueError (nothing read) for bad runs, ConnectionError for a bad peer."""
+        with self._lock:
+            self._check_open()
+            known = self._peers.get(peer)
+            if known is None:
+                raise PeerUnreachable(f"peer agent {peer!r} is not registered; add_peer it first")
+            pieces = pair_runs(
+                remote_runs, local_runs, remote_bytes=known.info.area_bytes, local_bytes=self._size
+            )
+            table = np.array(pieces, dtype=np.uint64).reshape(-1, 3)
+            zeros = np.zeros(len(pieces), dtype=np.uint64)
+            remote = np.stack([table[:, 0] + np.uint64(known.info.base_address), table[:, 2], zeros], 1)
+            local = np.stack([table[:, 1] + np.uint64(self._base), table[:, 2], zeros], 1)
+            try:
+                xfer = self._agent.initialize_xfer(
+                    "READ",
+                    self._agent.get_xfer_descs(local, "DRAM"),
+                    self._agent.get_xfer_descs(remote, "DRAM"),
+                    peer,
+                    backends=[self._backend],
+                )
+            except Exception as e:
+                raise PeerUnreachable(f"cannot prepare a READ from peer {peer!r}: {describe(e)}") from e
+            try:
+                status = self._agent.transfer(xfer)
+            except Exception as e:
+                self._drop(xfer)
+                raise PeerUnreachable(f"READ from peer {peer!r} was refused: {describe(e)}") from e
+            if status not in _STATES:
+                self._drop(xfer)
+                raise PeerUnreachable(f"READ from peer {peer!r} could not be posted; the peer is gone")
+            handle = next(self._ids)
+            self._reads[handle] = _Read(peer, xfer, _STATES[status])
+            return handle
+
+    def read_state(self, handle: int) -> ReadState:
+        """PENDING, DONE or FAILED; FAILED for an unknown or released handle. Never blocks."""
+        with self._lock:
+            read = self._reads.get(handle)
+            if read is None:
+                return ReadState.FAILED
+            if read.state is ReadState.PENDING and read.xfer is not None:
+                try:
+                    status = self._agent.check_xfer_state(read.xfer)
+                except Exception as e:
+                    log.warning("nixl_read_failed", peer=read.peer, error=describe(e))
+                    status = "ERR"
+                read.state = _STATES.get(status, ReadState.FAILED)
+            return read.state
+
+    def release(self, handle: int) -> None:
+        """Forget a READ, asking NIXL to abort it if still running; idempotent."""
+        with self._lock:
+            read = self._reads.pop(handle, None)
+            if read is not None and read.xfer is not None:
+                self._drop(read.xfer)
+            self._retry_stuck()
+
+    def close(self) -> None:
+        """Abort and release every READ, remove the peers, deregister the area; idempotent."""
+        with self._lock:
+            if self._agent is None:
+                return
+            for handle in list(self._reads):
+                self.release(handle)
+            for name in list(self._peers):
+                self._forget_peer(name, reason="closed")
+            self._retry_stuck()
+            if self._stuck:
+                log.error("nixl_reads_not_aborted_at_close", agent=self._name, count=len(self._stuck))
+            try:
+                self._agent.deregister_memory(self._reg, backends=[self._backend])
+            except Exception as e:
+                log.warning("nixl_deregister_failed", agent=self._name, error=describe(e))
+            self._agent = None  # NIXL destroys the agent with its last reference
+        log.info("nixl_agent_closed", agent=self._name)
+
+    # -- adapter extras -------------------------------------------------------------------------
+
+    @property
+    def closed(self) -> bool:
+        return self._agent is None
+
+    @property
+    def peers(self) -> list[str]:
+        return sorted(self._peers)
+
+    def __enter__(self) -> NixlPeerTransport:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- internals ------------------------------------------------------------------------------
+
+    def _check_open(self) -> None:
+        if self._agent is None:
+            raise RuntimeError(f"NIXL data plane {self._name!r} is closed")
+
+    def _forget_peer(self, name: str, *, reason: str) -> None:
+        for read in self._reads.values():
+            if read.peer == name and read.xfer is not None:
+                if read.state is ReadState.PENDING:
+                    read.state = ReadState.FAILED
+                self._drop(read.xfer)
+                read.xfer = None
+        self._peers.pop(name, None)
+        self._remove_remote(name)
+        log.info("nixl_peer_removed", peer=name, reason=reason)
+
+    def _remove_remote(self, name: str) -> None:
+        try:
+            self._agent.remove_remote_agent(name)
+        except Exception as e:
+            log.warning("nixl_remove_peer_failed", peer=name, error=describe(e))
+
+    def _drop(self, xfer: Any) -> None:
+        try:
+            xfer.release()
+        except Exception as e:
+            # NIXL could not abort it: a DMA may still land in our blocks; keep it and retry
+            log.warning("nixl_read_not_aborted", agent=self._name, error=describe(e))
+            self._stuck.append(xfer)
+
+    def _retry_stuck(self) -> None:
+        stuck, self._stuck = self._stuck, []
+        for xfer in stuck:
+            try:
+                xfer.release()
+            except Exception:
+                self._stuck.append(xfer)
