@@ -1,0 +1,236 @@
+"""NixlPeerTransport beyond the port contract: run pairing, the metadata envelope, configuration,
+error translation, aborting a pending READ, and a producer killed mid-READ in both UCX modes.
+
+The pure parts (runs, envelope) run everywhere; the rest needs nixl and is skipped without it.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from test_peer_contract import BOUND_S, LAYOUT, ProcessProducer, pattern, wait
+
+from ec_connector.adapters.nixl_data import NIXL_MISSING, pair_runs, wire
+from ec_connector.adapters.shm import ShmRegion
+from ec_connector.domain.layout import Layout
+from ec_connector.ports.peer import ReadState
+
+ROOT = Path(__file__).resolve().parents[2]
+needs_nixl = pytest.mark.skipif(
+    importlib.util.find_spec("nixl") is None,
+    reason="nixl is not installed: pip install --no-deps -r requirements/p2p.txt",
+)
+
+# -- pairing runs (pure) --------------------------------------------------------------------------
+
+
+def test_runs_cut_at_the_union_of_both_sides_boundaries() -> None:
+    pieces = pair_runs([(0, 10), (100, 6)], [(50, 4), (70, 12)], remote_bytes=200, local_bytes=200)
+    assert pieces == [(0, 50, 4), (4, 70, 6), (100, 76, 6)]
+
+
+def test_runs_adjacent_on_both_sides_merge_into_one_descriptor() -> None:
+    rows = [(i * 8, 8) for i in range(64)]  # one run per row on both sides
+    assert pair_runs(rows, rows, remote_bytes=512, local_bytes=512) == [(0, 0, 512)]
+
+
+@pytest.mark.parametrize(
+    "remote, local, words",
+    [
+        ([(0, 8)], [(0, 9)], "8 bytes but local runs cover 9"),
+        ([(0, 8), (96, 8)], [(0, 16)], "remote run #1 (offset=96, length=8) is outside"),
+        ([(0, 8)], [(-1, 8)], "local run #0"),
+        ([(0, 0)], [(0, 0)], "remote run #0"),
+        ([], [], "at least one run"),
+        ([(0, 8.0)], [(0, 8)], "two ints"),
+    ],
+)
+def test_bad_runs_are_rejected_with_the_run_named(remote, local, words) -> None:
+    with pytest.raises(ValueError, match=words.replace("(", r"\(").replace(")", r"\)")):
+        pair_runs(remote, local, remote_bytes=100, local_bytes=100)
+
+
+# -- the metadata envelope (pure) -----------------------------------------------------------------
+
+
+def test_envelope_round_trips_and_stays_small() -> None:
+    info = wire.PeerInfo(base_address=0x7F00_0000_1000, area_bytes=1 << 31, nixl_metadata=b"md" * 200)
+    blob = wire.encode(info)
+    assert wire.decode(blob, peer="p") == info
+    assert len(blob) == len(info.nixl_metadata) + 24
+
+
+@pytest.mark.parametrize(
+    "blob, words",
+    [
+        (b"nope", "not a NIXL data-plane envelope"),
+        (wire.encode(wire.PeerInfo(1, 2, b"x")).replace(b"\x01\x00", b"\x09\x00", 1), "version 9"),
+        (wire.encode(wire.PeerInfo(1, 2, b"")), "no NIXL metadata"),
+    ],
+)
+def test_bad_envelopes_are_value_errors_naming_the_peer(blob: bytes, words: str) -> None:
+    with pytest.raises(ValueError, match=f"peer 'prod-x'.*{words}|{words}.*"):
+        wire.decode(blob, peer="prod-x")
+
+
+# -- loading NIXL ---------------------------------------------------------------------------------
+
+
+def _run(code: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
+
+
+def test_importing_the_adapter_does_not_import_nixl() -> None:
+    out = _run("import sys, ec_connector.adapters.nixl_data\nprint('nixl' in sys.modules)")
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "False"
+
+
+def test_missing_nixl_is_the_documented_runtime_error() -> None:
+    out = _run(
+        "import sys; sys.modules['nixl'] = None\n"
+        "from ec_connector.adapters.nixl_data import NixlPeerTransport\n"
+        "try:\n    NixlPeerTransport(object(), agent_name='a')\n"
+        "except RuntimeError as e:\n    print(e)\n"
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == NIXL_MISSING
+
+
+# -- one agent in this process --------------------------------------------------------------------
+
+
+@pytest.fixture
+def region(shm_dir: Path) -> Iterator[ShmRegion]:
+    small = Layout(hidden_dim=64, dtype="bfloat16", num_blocks=16)
+    with ShmRegion.open(instance=f"n-{uuid.uuid4().hex[:6]}", dp_rank=0, layout=small, shm_dir=shm_dir) as r:
+        yield r
+
+
+@needs_nixl
+def test_configuration_is_checked_before_anything_starts(region: ShmRegion) -> None:
+    from ec_connector.adapters.nixl_data import NixlPeerTransport
+
+    with pytest.raises(ValueError, match="ucx_error_mode 'always'"):
+        NixlPeerTransport(region, agent_name="a", ucx_error_mode="always")
+    with pytest.raises(ValueError, match="agent_name"):
+        NixlPeerTransport(region, agent_name="")
+    with pytest.raises(ValueError, match="backend 'CARRIER_PIGEON' is not available.*UCX"):
+        NixlPeerTransport(region, agent_name="a", backend="CARRIER_PIGEON")
+
+
+@needs_nixl
+def test_peer_mode_without_a_network_transport_names_ucx_tls(
+    region: ShmRegion, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from ec_connector.adapters.nixl_data import DataPlaneError, NixlPeerTransport
+
+    monkeypatch.setenv("UCX_TLS", "sm,self")
+    with pytest.raises(DataPlaneError, match="UCX_TLS is 'sm,self'.*tcp") as err:
+        NixlPeerTransport(region, agent_name="a", ucx_error_mode="peer", progress_thread=False)
+    assert isinstance(err.value, RuntimeError)
+    assert "NIXL_ERR" not in str(err.value)
+    NixlPeerTransport(region, agent_name="b", ucx_error_mode="none", progress_thread=False).close()
+
+
+@needs_nixl
+def test_close_is_idempotent_and_a_closed_transport_refuses_work(region: ShmRegion) -> None:
+    from ec_connector.adapters.nixl_data import NixlPeerTransport
+
+    transport = NixlPeerTransport(region, agent_name="c", progress_thread=False)
+    metadata = transport.agent_metadata()
+    assert len(metadata) < 4096  # what an ack carries: O(1), not O(region)
+    transport.close()
+    transport.close()
+    assert transport.closed
+    with pytest.raises(RuntimeError, match="closed"):
+        transport.start_read("p", [(0, 8)], [(0, 8)])
+    with pytest.raises(RuntimeError, match="closed"):
+        transport.add_peer("p", metadata)
+    assert transport.read_state(1) is ReadState.FAILED
+    transport.release(1)
+
+
+@needs_nixl
+def test_metadata_of_another_agent_is_refused_and_not_kept(shm_dir: Path) -> None:
+    from ec_connector.adapters.nixl_data import NixlPeerTransport
+
+    small = Layout(hidden_dim=64, dtype="bfloat16", num_blocks=16)
+    with (
+        ShmRegion.open(instance="m-a", dp_rank=0, layout=small, shm_dir=shm_dir) as ra,
+        ShmRegion.open(instance="m-b", dp_rank=0, layout=small, shm_dir=shm_dir) as rb,
+    ):
+        a = NixlPeerTransport(ra, agent_name="m-a", progress_thread=False)
+        b = NixlPeerTransport(rb, agent_name="m-b", progress_thread=False)
+        try:
+            with pytest.raises(ValueError, match="given for peer 'someone' is that of agent 'm-b'"):
+                a.add_peer("someone", b.agent_metadata())
+            assert a.peers == []
+            a.add_peer("m-b", b.agent_metadata())  # the rejected load was undone
+            assert a.peers == ["m-b"]
+            with pytest.raises(ValueError, match="not a NIXL data-plane envelope"):
+                a.add_peer("m-b", b"garbage")
+        finally:
+            a.close()
+            b.close()
+
+
+# -- a producer process, the slow way (TCP loopback only, so a READ stays pending a while) ---------
+
+
+@needs_nixl
+@pytest.mark.parametrize("mode", ["none", "peer"])
+def test_pending_read_aborts_and_a_kill_mid_read_ends_failed(
+    mode: str, shm_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Over TCP both modes see a killed producer at once (the kernel resets its sockets); a host
+    that vanishes without a reset is caught by UCX keepalive in `peer` mode only, and otherwise by
+    the service's READ timeout (release aborts the READ)."""
+    from ec_connector.adapters.nixl_data import NixlPeerTransport
+
+    monkeypatch.setenv("UCX_TLS", "tcp,self")  # reaches the producer too: spawn copies os.environ
+    big = Layout(hidden_dim=1024, dtype="bfloat16", num_blocks=32 * 1024)  # 64 MiB
+    producer = ProcessProducer(f"slow-{mode}-{uuid.uuid4().hex[:4]}", shm_dir, seed=4, mode=mode)
+    name = f"c-{mode}-{uuid.uuid4().hex[:4]}"
+    with ShmRegion.open(instance=name, dp_rank=0, layout=big, shm_dir=shm_dir) as region:
+        consumer = NixlPeerTransport(region, agent_name=name, ucx_error_mode=mode)  # progress thread on
+        try:
+            consumer.add_peer(producer.name, producer.metadata)
+            small = [(0, LAYOUT.data_bytes)]
+            h = consumer.start_read(producer.name, small, small)
+            assert wait(consumer, h)[0] is ReadState.DONE
+            consumer.release(h)
+            view = region.data()
+            assert bytes(view[: LAYOUT.data_bytes]) == pattern(4)
+            view.release()
+
+            # the producer's area is LAYOUT-sized: read it 1024 times into our 64 MiB (~0.5 s over TCP)
+            many = [(0, LAYOUT.data_bytes)] * 1024
+            spread = [(i * LAYOUT.data_bytes, LAYOUT.data_bytes) for i in range(1024)]
+            aborted = consumer.start_read(producer.name, many, spread)
+            consumer.release(aborted)  # while pending: NIXL aborts it
+            consumer.release(aborted)
+            h = consumer.start_read(producer.name, small, small)  # still usable afterwards
+            assert wait(consumer, h)[0] is ReadState.DONE
+            consumer.release(h)
+
+            pending = consumer.start_read(producer.name, many, spread)
+            assert consumer.read_state(pending) is ReadState.PENDING
+            t0 = time.monotonic()
+            producer.kill()
+            assert wait(consumer, pending)[0] is ReadState.FAILED
+            assert time.monotonic() - t0 < BOUND_S
+            consumer.release(pending)
+            with pytest.raises(ConnectionError, match=f"peer '{producer.name}'") as err:
+                consumer.start_read(producer.name, small, small)
+            assert "NIXL_ERR" not in str(err.value)
+        finally:
+            consumer.close()
+            producer.stop()
