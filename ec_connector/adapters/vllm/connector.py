@@ -7,6 +7,7 @@ through the shared region, so it reaches the scheduler on every model runner.
 
 from __future__ import annotations
 
+import logging
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -30,12 +31,22 @@ if TYPE_CHECKING:
     from vllm.v1.request import Request
 
 
+def _share_vllm_log_handlers() -> None:
+    """Our lines go out through vLLM's own handlers (its format, its destination); once."""
+    ours = logging.getLogger("ec_connector")
+    if not ours.handlers:
+        for handler in logging.getLogger("vllm").handlers:
+            ours.addHandler(handler)
+        ours.propagate = not ours.handlers
+
+
 class ECTierConnector(ECConnectorBase):
     """Encoder-cache connector: a /dev/shm CPU tier shared by the instance's processes."""
 
     def __init__(self, vllm_config: VllmConfig, role: ECConnectorRole) -> None:
         super().__init__(vllm_config=vllm_config, role=role)
         configure_logging()
+        _share_vllm_log_handlers()
         ec = vllm_config.ec_transfer_config
         config = parse_config(ec.ec_connector_extra_config, role=ec.ec_role)
         if config.enable_nixl:
