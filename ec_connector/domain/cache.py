@@ -47,10 +47,7 @@ class Expiry:
 
     def __bool__(self) -> bool:
         return bool(
-            self.save_lapsed
-            or self.grants_released
-            or self.announcements_ended
-            or self.quarantines_settled
+            self.save_lapsed or self.grants_released or self.announcements_ended or self.quarantines_settled
         )
 
 
@@ -81,9 +78,7 @@ class EntryTable:
         return entry is not None and entry.is_ready
 
     def evictable_blocks(self, now: float, protect: Container[str] = ()) -> int:
-        return sum(
-            e.rows for e in self._entries.values() if e.is_evictable(now) and e.key not in protect
-        )
+        return sum(e.rows for e in self._entries.values() if e.is_evictable(now) and e.key not in protect)
 
     def can_fit(self, rows: int, now: float, protect: Container[str] = ()) -> bool:
         """True when `rows` blocks fit now, counting what eviction could free."""

@@ -167,9 +167,7 @@ def parse_config(extra: object, *, role: object) -> ConnectorConfig:
     if "nixl_backend" in extra:
         fields["nixl_backend"] = _parse_choice("nixl_backend", extra["nixl_backend"], NIXL_BACKENDS)
     if "ucx_error_mode" in extra:
-        fields["ucx_error_mode"] = _parse_choice(
-            "ucx_error_mode", extra["ucx_error_mode"], UCX_ERROR_MODES
-        )
+        fields["ucx_error_mode"] = _parse_choice("ucx_error_mode", extra["ucx_error_mode"], UCX_ERROR_MODES)
     if "side_channel_secret" in extra:
         fields["side_channel_secret"] = _parse_optional_text(
             "side_channel_secret", extra["side_channel_secret"], "a non-empty string or null"

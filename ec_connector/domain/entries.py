@@ -109,6 +109,5 @@ class Entry:
     def _require(self, phase: Phase, action: str) -> None:
         if self.phase is not phase:
             raise IllegalTransition(
-                f"entry {self.key!r}: cannot {action} in phase {self.phase.value} "
-                f"(needs {phase.value})"
+                f"entry {self.key!r}: cannot {action} in phase {self.phase.value} (needs {phase.value})"
             )
