@@ -97,10 +97,10 @@ def worker_settings(vllm_config: Any) -> dict[str, Any]:
 
 def require_nixl() -> None:
     """The exact error SPEC §3 asks for when NIXL is enabled but cannot be imported."""
-    import importlib.util
-
-    if importlib.util.find_spec("nixl") is None:
-        raise RuntimeError(NIXL_MISSING)
+    try:
+        import nixl._api  # noqa: F401
+    except ImportError as err:
+        raise RuntimeError(NIXL_MISSING) from err
 
 
 def _pcp_rank(parallel_state: Any) -> int:
