@@ -182,6 +182,14 @@ def test_metadata_of_another_agent_is_refused_and_not_kept(shm_dir: Path) -> Non
             b.close()
 
 
+def settle(consumer, handle: int, bound_s: float) -> ReadState:
+    """The READ's state once it leaves PENDING, or PENDING after `bound_s`."""
+    deadline = time.monotonic() + bound_s
+    while (state := consumer.read_state(handle)) is ReadState.PENDING and time.monotonic() < deadline:
+        time.sleep(0.005)
+    return state
+
+
 # -- a producer process, the slow way (TCP loopback only, so a READ stays pending a while) ---------
 
 
@@ -190,9 +198,9 @@ def test_metadata_of_another_agent_is_refused_and_not_kept(shm_dir: Path) -> Non
 def test_pending_read_aborts_and_a_kill_mid_read_ends_failed(
     mode: str, shm_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Over TCP both modes see a killed producer at once (the kernel resets its sockets); a host
-    that vanishes without a reset is caught by UCX keepalive in `peer` mode only, and otherwise by
-    the service's READ timeout (release aborts the READ)."""
+    """A producer killed mid-READ: FAILED at once in `peer` mode; in `none` mode possibly stuck
+    until the next READ to that peer is refused. (A host that vanishes without resetting its
+    sockets is caught by UCX keepalive in `peer` mode only; otherwise by the READ timeout.)"""
     from ec_connector.adapters.nixl_data import NixlPeerTransport
 
     monkeypatch.setenv("UCX_TLS", "tcp,self")  # reaches the producer too: spawn copies os.environ
@@ -223,14 +231,23 @@ def test_pending_read_aborts_and_a_kill_mid_read_ends_failed(
 
             pending = consumer.start_read(producer.name, many, spread)
             assert consumer.read_state(pending) is ReadState.PENDING
-            t0 = time.monotonic()
             producer.kill()
-            assert wait(consumer, pending)[0] is ReadState.FAILED
+            # peer mode: UCX fails it at once. none mode: usually too, but at times (about 1 run in
+            # 3 under CPU load) UCX never completes it; the next READ to the dead peer is refused,
+            # and that ends the stuck one (otherwise the service's READ timeout releases it).
+            state = settle(consumer, pending, BOUND_S if mode == "peer" else 3.0)
+            assert state is ReadState.FAILED or (mode == "none" and state is ReadState.PENDING)
+            t0 = time.monotonic()
+            try:
+                h = consumer.start_read(producer.name, small, small)
+            except ConnectionError as err:
+                assert f"peer '{producer.name}'" in str(err) and "NIXL_ERR" not in str(err)
+            else:
+                assert settle(consumer, h, BOUND_S) is ReadState.FAILED
+                consumer.release(h)
+            assert consumer.read_state(pending) is ReadState.FAILED
             assert time.monotonic() - t0 < BOUND_S
             consumer.release(pending)
-            with pytest.raises(ConnectionError, match=f"peer '{producer.name}'") as err:
-                consumer.start_read(producer.name, small, small)
-            assert "NIXL_ERR" not in str(err.value)
         finally:
             consumer.close()
             producer.stop()

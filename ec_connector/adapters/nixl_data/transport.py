@@ -5,11 +5,9 @@ registered once as DRAM (a /dev/shm-backed mmap; on CUDA hosts the same host mem
 READs (offset, length) runs of a producer's data area into runs of its own; offsets are relative
 to each side's data area, and the descriptors cover contiguous stretches (runs.py), never rows.
 
-Configuration (SPEC §6): `backend` is a NIXL plugin name ("UCX" by default); for UCX,
-`ucx_error_mode` is passed as the backend init parameter `ucx_error_handling_mode`. The agent is
-created with no backend (`nixl_agent_config(backends=[])`) and the backend is then made with
-`create_backend(backend, {"ucx_error_handling_mode": mode})`. See README.md in this package for
-what the two modes do when a producer dies, and for UCX_TLS.
+Configuration (SPEC §6): the agent starts with no backend (`nixl_agent_config(backends=[])`);
+then `create_backend(backend, {"ucx_error_handling_mode": ucx_error_mode})` (UCX only). README.md
+here: the two modes when a producer dies, the progress thread, UCX_TLS.
 
 Thread safety: every NIXL call holds one lock (the agent runs in NIXL's unsynchronised mode).
 """
@@ -61,7 +59,11 @@ class _Read:
 
 
 class NixlPeerTransport:
-    """PeerTransport over NIXL; see the module docstring. `close()` before closing the region."""
+    """PeerTransport over NIXL; `close()` before closing the region.
+
+    `progress_thread`: NIXL's own progress thread (spins ~1 core). A producer needs it (peers
+    cannot connect otherwise); a consumer may do without and progress by polling `read_state`.
+    """
 
     def __init__(
         self,
@@ -185,9 +187,11 @@ class NixlPeerTransport:
                 status = self._agent.transfer(xfer)
             except Exception as e:
                 self._drop(xfer)
+                self._fail_pending(peer)
                 raise PeerUnreachable(f"READ from peer {peer!r} was refused: {describe(e)}") from e
             if status not in _STATES:
                 self._drop(xfer)
+                self._fail_pending(peer)
                 raise PeerUnreachable(f"READ from peer {peer!r} could not be posted; the peer is gone")
             handle = next(self._ids)
             self._reads[handle] = _Read(peer, xfer, _STATES[status])
@@ -206,6 +210,8 @@ class NixlPeerTransport:
                     log.warning("nixl_read_failed", peer=read.peer, error=describe(e))
                     status = "ERR"
                 read.state = _STATES.get(status, ReadState.FAILED)
+                if read.state is ReadState.FAILED:
+                    self._fail_pending(read.peer)
             return read.state
 
     def release(self, handle: int) -> None:
@@ -257,11 +263,22 @@ class NixlPeerTransport:
         if self._agent is None:
             raise RuntimeError(f"NIXL data plane {self._name!r} is closed")
 
+    def _fail_pending(self, peer: str) -> None:
+        """The connection to `peer` is gone: abort its other pending READs and report them FAILED.
+
+        In ucx_error_mode "none" UCX may never complete a READ that was in flight when its peer
+        died; the next READ to that peer is refused, and this is where the stuck ones end.
+        """
+        for read in self._reads.values():
+            if read.peer == peer and read.state is ReadState.PENDING and read.xfer is not None:
+                read.state = ReadState.FAILED
+                self._drop(read.xfer)
+                read.xfer = None
+
     def _forget_peer(self, name: str, *, reason: str) -> None:
+        self._fail_pending(name)
         for read in self._reads.values():
             if read.peer == name and read.xfer is not None:
-                if read.state is ReadState.PENDING:
-                    read.state = ReadState.FAILED
                 self._drop(read.xfer)
                 read.xfer = None
         self._peers.pop(name, None)
