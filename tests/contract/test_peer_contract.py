@@ -307,17 +307,8 @@ BAD_RUNS = {
 }
 # The fake copies run by run without range checks: a bad *local* run after a good one is caught
 # only after the good one was written. Strict, so fixing the fake turns these into reminders.
-FAKE_GAPS = {"local past the end", "negative local offset"}
-
-
 @pytest.mark.parametrize("case", sorted(BAD_RUNS))
-def test_bad_runs_are_a_value_error_and_nothing_is_read(
-    world: World, prod: Any, case: str, request: pytest.FixtureRequest
-) -> None:
-    if world.kind == "memory" and case in FAKE_GAPS:
-        request.applymarker(
-            pytest.mark.xfail(reason="MemoryPeerTransport does not range-check runs", strict=True)
-        )
+def test_bad_runs_are_a_value_error_and_nothing_is_read(world: World, prod: Any, case: str) -> None:
     remote, local = BAD_RUNS[case]
     with pytest.raises(ValueError):
         world.consumer.start_read(prod.name, remote, local)

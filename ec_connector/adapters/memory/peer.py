@@ -58,6 +58,7 @@ class MemoryPeerTransport:
     ) -> int:
         if sum(n for _, n in remote_runs) != sum(n for _, n in local_runs):
             raise ValueError("remote and local runs cover different byte counts")
+        _check_runs(local_runs, self._region.layout.data_bytes, "local")
         remote = self._world.agents.get(peer)
         if peer not in self.peers or remote is None or remote.agent_metadata() != self.peers[peer]:
             raise ConnectionError(f"peer agent {peer!r} is not registered or not reachable")
@@ -65,6 +66,7 @@ class MemoryPeerTransport:
         if peer in self._world.stalled:
             self._reads[handle] = (peer, ReadState.PENDING)
             return handle
+        _check_runs(remote_runs, remote._region.layout.data_bytes, "remote")
         src = b"".join(bytes(remote._region.data()[o : o + n]) for o, n in remote_runs)
         dst = self._region.data()
         pos = 0
@@ -88,3 +90,9 @@ class MemoryPeerTransport:
         self._reads.clear()
         if self._world.agents.get(self._name) is self:
             del self._world.agents[self._name]
+
+
+def _check_runs(runs: Sequence[tuple[int, int]], size: int, side: str) -> None:
+    for offset, length in runs:
+        if offset < 0 or length <= 0 or offset + length > size:
+            raise ValueError(f"{side} run ({offset}, {length}) is outside the {size}-byte region")
