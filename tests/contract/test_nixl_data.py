@@ -182,6 +182,34 @@ def test_metadata_of_another_agent_is_refused_and_not_kept(shm_dir: Path) -> Non
             b.close()
 
 
+@needs_nixl
+def test_a_lost_connection_is_reloaded_from_the_peers_last_metadata(shm_dir: Path) -> None:
+    from ec_connector.adapters.nixl_data import NixlPeerTransport
+
+    small = Layout(hidden_dim=64, dtype="bfloat16", num_blocks=16)
+    with (
+        ShmRegion.open(instance="r-a", dp_rank=0, layout=small, shm_dir=shm_dir) as ra,
+        ShmRegion.open(instance="r-b", dp_rank=0, layout=small, shm_dir=shm_dir) as rb,
+    ):
+        view = rb.data()
+        view[:] = bytes(range(256)) * (small.data_bytes // 256)
+        view.release()
+        a = NixlPeerTransport(ra, agent_name="r-a", progress_thread=False)
+        b = NixlPeerTransport(rb, agent_name="r-b")  # the side read from keeps its progress thread
+        try:
+            a.add_peer("r-b", b.agent_metadata())
+            a._agent.remove_remote_agent("r-b")  # NIXL loses the peer behind the adapter's back
+            h = a.start_read("r-b", [(512, 1024)], [(0, 1024)])
+            assert wait(a, h)[0] is ReadState.DONE
+            view = ra.data()
+            assert bytes(view[:1024]) == (bytes(range(256)) * 4)
+            view.release()
+            assert a.peers == ["r-b"]
+        finally:
+            a.close()
+            b.close()
+
+
 def settle(consumer, handle: int, bound_s: float) -> ReadState:
     """The READ's state once it leaves PENDING, or PENDING after `bound_s`."""
     deadline = time.monotonic() + bound_s

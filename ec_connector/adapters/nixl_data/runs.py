@@ -1,4 +1,4 @@
-"""Pairing remote and local byte runs into equal-length transfer pieces (pure, no NIXL).
+"""Pairing remote and local byte runs into equal-length transfer pieces (pure, no NIXL import).
 
 NIXL transfers descriptor i of the local list to/from descriptor i of the remote list, so both
 lists must have the same count and pairwise lengths. The caller's runs may be cut at different
@@ -10,6 +10,8 @@ per contiguous stretch, never one per row.
 from __future__ import annotations
 
 from collections.abc import Sequence
+
+import numpy as np
 
 from ec_connector.domain.errors import LayoutMismatch
 
@@ -84,3 +86,14 @@ def _coalesce(pieces: list[Piece]) -> list[Piece]:
         else:
             out.append((r, lo, n))
     return out
+
+
+def descriptor_tables(
+    pieces: list[Piece], remote_base: int, local_base: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """NIXL's Nx3 (address, length, device 0) descriptor arrays for the remote and local sides."""
+    table = np.array(pieces, dtype=np.uint64).reshape(-1, 3)
+    zeros = np.zeros(len(pieces), dtype=np.uint64)
+    remote = np.stack([table[:, 0] + np.uint64(remote_base), table[:, 2], zeros], 1)
+    local = np.stack([table[:, 1] + np.uint64(local_base), table[:, 2], zeros], 1)
+    return remote, local

@@ -20,7 +20,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-import numpy as np
 import structlog
 
 from ec_connector.domain.layout import Layout
@@ -28,7 +27,8 @@ from ec_connector.ports.peer import ReadState
 
 from . import wire
 from .errors import DataPlaneError, PeerUnreachable, backend_failure, describe, load_nixl
-from .runs import pair_runs
+from .handles import HandleReleaser
+from .runs import descriptor_tables, pair_runs
 
 log = structlog.get_logger(__name__)
 
@@ -84,7 +84,7 @@ class NixlPeerTransport:
         self._lock = threading.RLock()
         self._peers: dict[str, _Peer] = {}
         self._reads: dict[int, _Read] = {}
-        self._stuck: list[Any] = []  # xfer handles NIXL could not abort yet; retried later
+        self._handles = HandleReleaser(agent_name)
         self._ids = itertools.count(1)
         self._base = region.data_address()
         self._size = region.layout.data_bytes
@@ -160,7 +160,12 @@ class NixlPeerTransport:
         remote_runs: Sequence[tuple[int, int]],
         local_runs: Sequence[tuple[int, int]],
     ) -> int:
-        """Post one READ; ValueError (nothing read) for bad runs, ConnectionError for a bad peer."""
+        """Post one READ; ValueError (nothing read) for bad runs, ConnectionError for a bad peer.
+
+        A READ NIXL refuses (the connection was lost) fails the peer's other pending READs, then
+        the peer is reloaded from its last metadata and the READ posted once more: a producer that
+        is still there is read again without a new handshake; one that is gone is refused again.
+        """
         with self._lock:
             self._check_open()
             known = self._peers.get(peer)
@@ -169,32 +174,21 @@ class NixlPeerTransport:
             pieces = pair_runs(
                 remote_runs, local_runs, remote_bytes=known.info.area_bytes, local_bytes=self._size
             )
-            table = np.array(pieces, dtype=np.uint64).reshape(-1, 3)
-            zeros = np.zeros(len(pieces), dtype=np.uint64)
-            remote = np.stack([table[:, 0] + np.uint64(known.info.base_address), table[:, 2], zeros], 1)
-            local = np.stack([table[:, 1] + np.uint64(self._base), table[:, 2], zeros], 1)
+            remote, local = descriptor_tables(pieces, known.info.base_address, self._base)
             try:
-                xfer = self._agent.initialize_xfer(
-                    "READ",
-                    self._agent.get_xfer_descs(local, "DRAM"),
-                    self._agent.get_xfer_descs(remote, "DRAM"),
-                    peer,
-                    backends=[self._backend],
-                )
-            except Exception as e:
-                raise PeerUnreachable(f"cannot prepare a READ from peer {peer!r}: {describe(e)}") from e
-            try:
-                status = self._agent.transfer(xfer)
-            except Exception as e:
-                self._drop(xfer)
+                xfer, status = self._post(peer, remote, local)
+            except PeerUnreachable as first:
                 self._fail_pending(peer)
-                raise PeerUnreachable(f"READ from peer {peer!r} was refused: {describe(e)}") from e
-            if status not in _STATES:
-                self._drop(xfer)
-                self._fail_pending(peer)
-                raise PeerUnreachable(f"READ from peer {peer!r} could not be posted; the peer is gone")
+                if not self._reload(peer, known):
+                    raise
+                log.info("nixl_peer_reloaded", peer=peer, after=str(first))
+                try:
+                    xfer, status = self._post(peer, remote, local)
+                except PeerUnreachable:
+                    self._fail_pending(peer)
+                    raise
             handle = next(self._ids)
-            self._reads[handle] = _Read(peer, xfer, _STATES[status])
+            self._reads[handle] = _Read(peer, xfer, status)
             return handle
 
     def read_state(self, handle: int) -> ReadState:
@@ -219,8 +213,8 @@ class NixlPeerTransport:
         with self._lock:
             read = self._reads.pop(handle, None)
             if read is not None and read.xfer is not None:
-                self._drop(read.xfer)
-            self._retry_stuck()
+                self._handles.release(read.xfer)
+            self._handles.retry()
 
     def close(self) -> None:
         """Abort and release every READ, remove the peers, deregister the area; idempotent."""
@@ -231,9 +225,9 @@ class NixlPeerTransport:
                 self.release(handle)
             for name in list(self._peers):
                 self._forget_peer(name, reason="closed")
-            self._retry_stuck()
-            if self._stuck:
-                log.error("nixl_reads_not_aborted_at_close", agent=self._name, count=len(self._stuck))
+            self._handles.retry()
+            if self._handles.stuck:
+                log.error("nixl_reads_not_aborted_at_close", agent=self._name, count=self._handles.stuck)
             try:
                 self._agent.deregister_memory(self._reg, backends=[self._backend])
             except Exception as e:
@@ -263,26 +257,59 @@ class NixlPeerTransport:
         if self._agent is None:
             raise RuntimeError(f"NIXL data plane {self._name!r} is closed")
 
-    def _fail_pending(self, peer: str) -> None:
-        """The connection to `peer` is gone: abort its other pending READs and report them FAILED.
+    def _post(self, peer: str, remote: Any, local: Any) -> tuple[Any, ReadState]:
+        try:
+            xfer = self._agent.initialize_xfer(
+                "READ",
+                self._agent.get_xfer_descs(local, "DRAM"),
+                self._agent.get_xfer_descs(remote, "DRAM"),
+                peer,
+                backends=[self._backend],
+            )
+        except Exception as e:
+            raise PeerUnreachable(f"cannot prepare a READ from peer {peer!r}: {describe(e)}") from e
+        try:
+            status = self._agent.transfer(xfer)
+        except Exception as e:
+            self._handles.release(xfer)
+            raise PeerUnreachable(f"READ from peer {peer!r} was refused: {describe(e)}") from e
+        if status not in _STATES:
+            self._handles.release(xfer)
+            raise PeerUnreachable(f"READ from peer {peer!r} could not be posted; the peer is gone")
+        return xfer, _STATES[status]
+
+    def _reload(self, peer: str, known: _Peer) -> bool:
+        """Drop and reload the peer's agent from its last metadata; forget the peer if NIXL refuses."""
+        self._remove_remote(peer)
+        try:
+            self._agent.add_remote_agent(known.info.nixl_metadata)
+        except Exception as e:
+            log.warning("nixl_peer_reload_failed", peer=peer, error=describe(e))
+            self._forget_peer(peer, reason="unreachable", loaded=False)
+            return False
+        return True
+
+    def _fail_pending(self, peer: str, *, release_done: bool = False) -> None:
+        """The connection to `peer` is gone: abort its pending READs and report them FAILED.
 
         In ucx_error_mode "none" UCX may never complete a READ that was in flight when its peer
         died; the next READ to that peer is refused, and this is where the stuck ones end.
         """
         for read in self._reads.values():
-            if read.peer == peer and read.state is ReadState.PENDING and read.xfer is not None:
+            if read.peer != peer or read.xfer is None:
+                continue
+            if read.state is ReadState.PENDING:
                 read.state = ReadState.FAILED
-                self._drop(read.xfer)
-                read.xfer = None
+            elif not release_done:
+                continue
+            self._handles.release(read.xfer)
+            read.xfer = None
 
-    def _forget_peer(self, name: str, *, reason: str) -> None:
-        self._fail_pending(name)
-        for read in self._reads.values():
-            if read.peer == name and read.xfer is not None:
-                self._drop(read.xfer)
-                read.xfer = None
+    def _forget_peer(self, name: str, *, reason: str, loaded: bool = True) -> None:
+        self._fail_pending(name, release_done=True)
         self._peers.pop(name, None)
-        self._remove_remote(name)
+        if loaded:
+            self._remove_remote(name)
         log.info("nixl_peer_removed", peer=name, reason=reason)
 
     def _remove_remote(self, name: str) -> None:
@@ -290,19 +317,3 @@ class NixlPeerTransport:
             self._agent.remove_remote_agent(name)
         except Exception as e:
             log.warning("nixl_remove_peer_failed", peer=name, error=describe(e))
-
-    def _drop(self, xfer: Any) -> None:
-        try:
-            xfer.release()
-        except Exception as e:
-            # NIXL could not abort it: a DMA may still land in our blocks; keep it and retry
-            log.warning("nixl_read_not_aborted", agent=self._name, error=describe(e))
-            self._stuck.append(xfer)
-
-    def _retry_stuck(self) -> None:
-        stuck, self._stuck = self._stuck, []
-        for xfer in stuck:
-            try:
-                xfer.release()
-            except Exception:
-                self._stuck.append(xfer)
