@@ -387,7 +387,9 @@ def test_side_channel_accepts_the_port_range_ends(port):
     assert side_channel_from_env({"VLLM_EC_SIDE_CHANNEL_PORT": port}).port == int(port)
 
 
-@pytest.mark.parametrize("port", ["abc", "0", "70000", "65536", "-1", "", "56.01", " 6000 ", "5_601", "６０００"])
+@pytest.mark.parametrize(
+    "port", ["abc", "0", "70000", "65536", "-1", "", "56.01", " 6000 ", "5_601", "６０００"]
+)
 def test_bad_side_channel_port_is_rejected(port):
     with _rejects(f"VLLM_EC_SIDE_CHANNEL_PORT = {port!r} is invalid: expected an integer port 1-65535"):
         side_channel_from_env({"VLLM_EC_SIDE_CHANNEL_PORT": port})
