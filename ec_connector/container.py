@@ -127,6 +127,11 @@ def _control_client(config: ConnectorConfig) -> Iterator[ControlClient]:
         client.close()
 
 
+def _agent_name(instance: str, dp_rank: int) -> str:
+    """One NIXL agent per engine instance and data-parallel rank (as the region file)."""
+    return f"{instance}_dp{dp_rank}"
+
+
 def _agent_metadata(transport: PeerTransport) -> bytes:
     return transport.agent_metadata()
 
@@ -173,9 +178,8 @@ class Container(containers.DeclarativeContainer):
         engine_id=settings.instance,
     )
     peer_stats = providers.Singleton(PeerStats)
-    peer_transport = providers.Resource(
-        _peer_transport, region, connector_config, agent_name=settings.instance
-    )
+    agent_name = providers.Callable(_agent_name, settings.instance, settings.dp_rank)
+    peer_transport = providers.Resource(_peer_transport, region, connector_config, agent_name=agent_name)
     control_server = providers.Resource(
         _control_server, connector_config, host=settings.side_host, port=settings.side_port
     )
@@ -187,7 +191,7 @@ class Container(containers.DeclarativeContainer):
         clock=clock,
         fingerprint=settings.fingerprint,
         address=providers.Factory(PeerAddress, settings.side_host, settings.side_port),
-        agent_name=settings.instance,
+        agent_name=agent_name,
         agent_metadata=providers.Callable(_agent_metadata, peer_transport),
         stats=peer_stats,
     )
