@@ -123,9 +123,13 @@ def parse_cpu_bytes(extra: Mapping[str, Any]) -> int:
 def parse_seconds(key: str, value: object) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise _reject(key, value, "a number of seconds > 0, e.g. 2.0")
-    if not math.isfinite(value) or value <= 0:
+    try:
+        seconds = float(value)  # an int too large for a float (JSON allows any) is refused here
+    except OverflowError:
+        raise _reject(key, value, "a finite number of seconds > 0, e.g. 2.0") from None
+    if not math.isfinite(seconds) or seconds <= 0:
         raise _reject(key, value, "a finite number of seconds > 0, e.g. 2.0")
-    return float(value)
+    return seconds
 
 
 def _parse_choice(key: str, value: object, choices: tuple[str, ...]) -> str:

@@ -1,0 +1,45 @@
+"""Fuzz budget and accounting.
+
+The default (CI) run gives each target a short budget (`DEFAULT_EXAMPLES`); set
+`EC_FUZZ_EXAMPLES=100000` for the dedicated long run. Each target counts the inputs it was given
+(`count(target)`), and the run ends with one line per target: inputs and seconds.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections import defaultdict
+
+from hypothesis import HealthCheck, settings
+
+DEFAULT_EXAMPLES = 300
+EXAMPLES = int(os.environ.get("EC_FUZZ_EXAMPLES") or DEFAULT_EXAMPLES)
+
+FUZZ = settings(
+    max_examples=EXAMPLES,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much],
+    database=None,  # every run explores afresh; a failure is printed with its input
+)
+
+_inputs: dict[str, int] = defaultdict(int)
+_first: dict[str, float] = {}
+_last: dict[str, float] = {}
+
+
+def count(target: str) -> None:
+    """Record one input given to `target`."""
+    now = time.perf_counter()
+    _first.setdefault(target, now)
+    _last[target] = now
+    _inputs[target] += 1
+
+
+def pytest_terminal_summary(terminalreporter) -> None:  # noqa: ANN001 (pytest hook)
+    if not _inputs:
+        return
+    terminalreporter.section(f"fuzz inputs per target (EC_FUZZ_EXAMPLES={EXAMPLES})")
+    for target in sorted(_inputs):
+        seconds = _last[target] - _first[target]
+        terminalreporter.write_line(f"{target:40s} {_inputs[target]:>9d} inputs {seconds:9.1f} s")
