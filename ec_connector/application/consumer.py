@@ -26,6 +26,7 @@ from ec_connector.domain.entries import Phase
 from ec_connector.domain.errors import ProtocolError
 from ec_connector.domain.protocol import PROTOCOL_VERSION, NextStep, XferAck, XferDone, XferReq, next_step
 from ec_connector.domain.publish import PeerAddress, PeerRef, parse_transfer_params
+from ec_connector.domain.transfers import EventKind
 from ec_connector.ports.control import ControlClient
 from ec_connector.ports.peer import PeerTransport, ReadState
 from ec_connector.ports.runtime import Clock
@@ -59,6 +60,7 @@ class _Fetch:
     started: float
     handle: int | None = None
     grant_id: int = 0
+    read_started: float = 0.0
     waiting_without_media: set[str] = field(default_factory=set)
 
 
@@ -224,6 +226,7 @@ class ConsumerFetcher:
             self._fail(ack.mm_hash, fetch, now, "read_not_started")
             return
         fetch.state, fetch.deadline = _State.READING, now + self._config.read_timeout_s
+        fetch.read_started = now
 
     def _progress(self, key: str, fetch: _Fetch, now: float) -> None:
         if fetch.state is _State.ASKING and now >= fetch.deadline:
@@ -252,6 +255,9 @@ class ConsumerFetcher:
         self._tier.table.mark_ready(key)
         self.stats.reads_done += 1
         self.stats.bytes_read += fetch.ref.size_bytes
+        self.stats.latencies.observe("peer_read", now - fetch.read_started)
+        self.stats.latencies.observe("peer_fetch", now - fetch.started)
+        self._tier.publish_event(EventKind.STORED, key, fetch.rows)
         self._control.send(fetch.ref.address, XferDone(PROTOCOL_VERSION, key, fetch.grant_id))
         log.info(
             "peer_transfer",
@@ -275,6 +281,7 @@ class ConsumerFetcher:
         if entry is not None and entry.phase is Phase.NOT_READY:
             if quarantine:
                 self._tier.table.quarantine(key, now=now, quarantine_s=self._config.quarantine_s)
+                self.stats.quarantines += 1
             else:
                 self._tier.table.drop(key)
         if fetch.grant_id and reason != "read_not_started":

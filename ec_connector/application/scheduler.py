@@ -240,6 +240,7 @@ class TierScheduler:
         self._table.mark_ready(key)
         self.stats.saves_done += 1
         self.stats.bytes_saved += pending.size_bytes
+        self.stats.latencies.observe("save", self._clock.now() - pending.started)
         self._publish(EventKind.STORED, key, entry.rows)
 
     def _finish_load(self, pending: _Pending) -> None:
@@ -250,6 +251,7 @@ class TierScheduler:
         else:
             self.stats.loads_done += 1
             self.stats.bytes_loaded += pending.size_bytes
+            self.stats.latencies.observe("load", self._clock.now() - pending.started)
 
     def _settle(self, expiry: Expiry) -> None:
         for key in expiry.save_lapsed:

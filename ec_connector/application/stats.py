@@ -2,7 +2,39 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, field, fields
+
+SAMPLE_LIMIT = 4096
+"""Most durations one `Samples` keeps per name between two takes (the rest are counted, not kept)."""
+
+
+class Samples:
+    """Durations (seconds) observed since they were last taken, by name; bounded per name."""
+
+    __slots__ = ("_samples", "dropped")
+
+    def __init__(self) -> None:
+        self._samples: dict[str, list[float]] = {}
+        self.dropped = 0
+
+    def observe(self, name: str, seconds: float) -> None:
+        kept = self._samples.setdefault(name, [])
+        if len(kept) < SAMPLE_LIMIT:
+            kept.append(max(0.0, float(seconds)))
+        else:
+            self.dropped += 1
+
+    def take(self) -> dict[str, list[float]]:
+        """Every duration kept since the last take, by name; empties the store."""
+        out, self._samples = self._samples, {}
+        return out
+
+    def __repr__(self) -> str:
+        return f"Samples({ {k: len(v) for k, v in self._samples.items()} }, dropped={self.dropped})"
+
+
+def _counters(stats: object) -> dict[str, int]:
+    return {f.name: getattr(stats, f.name) for f in fields(stats) if f.name != "latencies"}  # type: ignore[arg-type]
 
 
 @dataclass(slots=True)
@@ -26,9 +58,12 @@ class TierStats:
     late_completions: int = 0
     unknown_completions: int = 0
     grants_lapsed: int = 0
+    latencies: Samples = field(default_factory=Samples, repr=False, compare=False)
+    """"save" and "load": seconds from planning a copy to its completion on every rank."""
 
     def as_dict(self) -> dict[str, int]:
-        return asdict(self)
+        """The counters (not the latencies)."""
+        return _counters(self)
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,10 +105,14 @@ class PeerStats:
     grants_released: int = 0
     announced: int = 0
     unservable: int = 0
+    quarantines: int = 0
+    latencies: Samples = field(default_factory=Samples, repr=False, compare=False)
+    """"peer_read": seconds of one NIXL READ (posted to done); "peer_fetch": XferReq sent to entry ready."""
 
     def count_nack(self, status: str) -> None:
         attr = status.lower()
         setattr(self, attr, getattr(self, attr) + 1)
 
     def as_dict(self) -> dict[str, int]:
-        return asdict(self)
+        """The counters (not the latencies)."""
+        return _counters(self)

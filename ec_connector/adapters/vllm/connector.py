@@ -27,6 +27,7 @@ from ec_connector.logging import configure_logging
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
+    from vllm.distributed.ec_transfer.ec_connector.metrics import ECConnectorPromMetrics
     from vllm.v1.core.sched.output import SchedulerOutput
     from vllm.v1.request import Request
 
@@ -154,17 +155,26 @@ class ECTierConnector(ECConnectorBase):
     def get_ec_connector_stats(self) -> ECTierStats | None:
         if self._scheduler is None:
             return None
-        counters = self._scheduler.stats.as_dict()
-        if self._desk is not None or self._fetcher is not None:
-            peer = self._container.peer_stats().as_dict()
-            counters.update({f"peer_{k}": v for k, v in peer.items()})
+        with self._scheduler.lock:
+            counters = self._scheduler.stats.as_dict()
+            samples = self._scheduler.stats.latencies.take()
+            if self._desk is not None or self._fetcher is not None:
+                peer = self._container.peer_stats()
+                counters.update({f"peer_{k}": v for k, v in peer.as_dict().items()})
+                samples.update(peer.latencies.take())
+            events = self._container.events()
+            counters["events_published"] = getattr(events, "published", 0)
+            counters["events_dropped"] = getattr(events, "dropped", 0)
+            occupancy = self._scheduler.occupancy()
         delta = {k: v - self._reported.get(k, 0) for k, v in counters.items()}
         self._reported = counters
-        occupancy = self._scheduler.occupancy()
         stats = ECTierStats(
             data={
                 **delta,
+                **{f"{k}_seconds": v for k, v in samples.items()},
                 "entries": occupancy.entries,
+                "used_blocks": occupancy.used_blocks,
+                "free_blocks": occupancy.free_blocks,
                 "used_bytes": occupancy.used_bytes,
                 "capacity_bytes": occupancy.capacity_bytes,
             }
@@ -174,6 +184,19 @@ class ECTierConnector(ECConnectorBase):
     @classmethod
     def build_ec_connector_stats(cls, data: dict[str, Any] | None = None) -> ECTierStats | None:
         return ECTierStats(data=dict(data or {}))
+
+    @classmethod
+    def build_prom_metrics(
+        cls,
+        vllm_config: VllmConfig,
+        metric_types: dict[type, type],
+        labelnames: list[str],
+        per_engine_labelvalues: dict[int, list[object]],
+    ) -> ECConnectorPromMetrics | None:
+        """Our series on vLLM's /metrics (called once by vLLM's PrometheusStatLogger); see prom.py."""
+        from ec_connector.adapters.vllm.prom import ECTierPromMetrics
+
+        return ECTierPromMetrics(vllm_config, metric_types, labelnames, per_engine_labelvalues)
 
     # -- both -------------------------------------------------------------------------------
 

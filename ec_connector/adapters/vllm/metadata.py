@@ -1,4 +1,13 @@
-"""What crosses vLLM's process boundaries: small picklable values, never tensors."""
+"""What crosses vLLM's process boundaries: small picklable values, never tensors.
+
+`ECTierStats.data` travels from the engine core to the frontend (vLLM puts the plain dict into
+`SchedulerStats.ec_connector_stats`). It holds three kinds of values, told apart by key:
+
+- counters: increments since the previous report (int), summed by `aggregate`;
+- gauges (`GAUGES`): the region's occupancy at report time (int), the latest value wins;
+- samples (`SAMPLES`): durations in seconds observed since the previous report (list of float),
+  concatenated by `aggregate`; Prometheus histograms observe each one.
+"""
 
 from __future__ import annotations
 
@@ -18,12 +27,17 @@ class ECTierMetadata(ECConnectorMetadata):
     plan: StepPlan = field(default_factory=StepPlan)
 
 
-GAUGES = frozenset({"entries", "used_bytes", "capacity_bytes"})
+GAUGES = frozenset({"entries", "used_blocks", "free_blocks", "used_bytes", "capacity_bytes"})
+SAMPLES = frozenset({"save_seconds", "load_seconds", "peer_read_seconds", "peer_fetch_seconds"})
+
+
+def _quantile(ordered: list[float], q: float) -> float:
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
 @dataclass
 class ECTierStats(ECConnectorStats):
-    """Counter deltas since the last report, plus occupancy gauges (latest value wins)."""
+    """Counter deltas, occupancy gauges and duration samples since the last report."""
 
     data: dict[str, Any] = field(default_factory=dict)
 
@@ -34,12 +48,30 @@ class ECTierStats(ECConnectorStats):
         for key, value in other.data.items():
             if key in GAUGES:
                 self.data[key] = value
+            elif key in SAMPLES:
+                self.data[key] = [*self.data.get(key, ()), *value]
             else:
                 self.data[key] = self.data.get(key, 0) + value
         return self
 
     def reduce(self) -> dict[str, int | float]:
-        return dict(self.data)
+        """One line's worth: non-zero counters, the gauges, and count/mean/p50/p99/max per sample."""
+        out: dict[str, int | float] = {}
+        for key, value in sorted(self.data.items()):
+            if key in GAUGES:
+                out[key] = value
+            elif key in SAMPLES:
+                if value:
+                    ordered = sorted(value)
+                    name = key.removesuffix("_seconds")
+                    out[f"{name}_count"] = len(ordered)
+                    out[f"{name}_mean_ms"] = round(sum(ordered) / len(ordered) * 1e3, 3)
+                    out[f"{name}_p50_ms"] = round(_quantile(ordered, 0.5) * 1e3, 3)
+                    out[f"{name}_p99_ms"] = round(_quantile(ordered, 0.99) * 1e3, 3)
+                    out[f"{name}_max_ms"] = round(ordered[-1] * 1e3, 3)
+            elif value:
+                out[key] = value
+        return out
 
     def is_empty(self) -> bool:
-        return not any(v for k, v in self.data.items() if k not in GAUGES)
+        return not any(value for key, value in self.data.items() if key not in GAUGES)
