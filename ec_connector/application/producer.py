@@ -24,6 +24,7 @@ from ec_connector.domain.protocol import (
     XferDone,
     XferReq,
     answer_status,
+    fits_one_ack,
 )
 from ec_connector.domain.publish import PeerAddress, publish
 from ec_connector.domain.transfers import EventKind
@@ -70,7 +71,7 @@ class ProducerDesk:
             now = self._clock.now()
             for key in items:
                 entry = table.get(key)
-                if entry is None or entry.phase is Phase.QUARANTINED:
+                if entry is None or entry.phase is Phase.QUARANTINED or not fits_one_ack(entry):
                     self.stats.unservable += 1
                     continue
                 table.announce(key, now=now, lease_s=self._config.announce_lease_s)

@@ -88,6 +88,13 @@ def answer_status(req: XferReq, *, fingerprint: str, entry: Entry | None) -> Ack
         return AckStatus.NACK_INCOMPAT
     if entry is None or entry.phase is Phase.QUARANTINED:
         return AckStatus.NACK_MISSING
+    if not fits_one_ack(entry):
+        return AckStatus.NACK_INTERNAL
     if entry.phase is Phase.NOT_READY:
         return AckStatus.NACK_NOT_READY
     return AckStatus.OK
+
+
+def fits_one_ack(entry: Entry) -> bool:
+    """An entry spread over more extents than an ack may carry runs can never be served."""
+    return len(entry.extents) <= MAX_RUNS_PER_ACK

@@ -9,6 +9,7 @@ import pytest
 from ec_connector.domain.blocks import Extent
 from ec_connector.domain.entries import Entry
 from ec_connector.domain.protocol import (
+    MAX_RUNS_PER_ACK,
     PROTOCOL_VERSION,
     RETRYABLE,
     AckStatus,
@@ -103,6 +104,21 @@ def test_pinned_ready_entry_is_still_answered_ok():
     entry.pin()
     entry.grant(1, deadline=9.0)
     assert answer_status(_req(), fingerprint=FP, entry=entry) is AckStatus.OK
+
+
+@pytest.mark.parametrize("phase", ["ready", "not_ready"])
+def test_entry_spread_over_more_extents_than_an_ack_carries_is_answered_nack_internal(phase):
+    for extents, status in ((MAX_RUNS_PER_ACK, None), (MAX_RUNS_PER_ACK + 1, AckStatus.NACK_INTERNAL)):
+        entry = Entry(
+            key="img",
+            extents=tuple(Extent(2 * i, 1) for i in range(extents)),
+            rows=extents,
+            ready_deadline=5.0,
+        )
+        if phase == "ready":
+            entry.mark_ready()
+        got = answer_status(_req(), fingerprint=FP, entry=entry)
+        assert got is (status or (AckStatus.OK if phase == "ready" else AckStatus.NACK_NOT_READY))
 
 
 def test_messages_are_frozen_values():

@@ -1,0 +1,357 @@
+"""Fault-injection harness: a real producer process and a real consumer in this process.
+
+`ProducerProcess` runs tests/fault/peer_producer.py (composition root, /dev/shm region, CPU torch
+copier, NIXL agent, ZMQ ROUTER + producer desk) and drives it over a pipe; it can be stopped,
+continued and killed with signals. `ConsumerSide` is the consumer engine's P2P side built from the
+real adapters: a /dev/shm `ShmRegion`, the tier scheduler, a `ZmqControlClient`, a
+`NixlPeerTransport` (progress thread off, as the contract suite's consumer: it progresses by
+polling, which the fetcher does every step; this keeps the 2-core CI machine free) and the
+`ConsumerFetcher`.
+
+Every test ends with `ConsumerSide.assert_clean()` and the `leak_guard` fixture: no pinned entry,
+no blocks held by anything but READY entries, no transfer in flight, and after closing: the
+private /dev/shm directory empty, and this process's file descriptors and threads back at the
+count they had before the test.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ec_connector.adapters.shm import ShmRegion
+from ec_connector.adapters.system import LogEventSink, SystemClock
+from ec_connector.adapters.zmq_control import Heartbeat, ZmqControlClient
+from ec_connector.application import TierScheduler
+from ec_connector.application.consumer import ConsumerFetcher, WantedItem
+from ec_connector.application.stats import PeerStats
+from ec_connector.domain.config import parse_config
+from ec_connector.domain.entries import Phase
+from ec_connector.domain.layout import Layout
+
+from .peer_producer import FINGERPRINT, HIDDEN, payload
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPT = Path(__file__).with_name("peer_producer.py")
+PYTHON = sys.executable
+ROW_BYTES = HIDDEN * 2
+
+# Consumer bounds used by the suite (the SPEC's defaults scaled down so a run stays short).
+CONSUMER_EXTRA: dict[str, Any] = {
+    "consumer_ack_timeout_s": 1.0,
+    "read_timeout_s": 2.0,
+    "quarantine_s": 0.5,
+    "not_ready_backoff_s": 0.05,
+    "not_ready_backoff_max_s": 0.4,
+    "not_ready_give_up_s": 1.5,
+}
+SLACK_S = 2.0  # scheduling slack on a loaded 2-core machine, added to every bound
+HAVE_NIXL = __import__("importlib.util").util.find_spec("nixl") is not None
+
+needs_nixl = pytest.mark.skipif(
+    not HAVE_NIXL, reason="nixl is not installed: pip install --no-deps -r requirements/p2p.txt"
+)
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+class ProducerProcess:
+    """tests/fault/peer_producer.py in a child process (optionally under a command prefix)."""
+
+    def __init__(
+        self,
+        name: str,
+        shm_dir: Path,
+        *,
+        host: str = "127.0.0.1",
+        port: int | None = None,
+        cpu_bytes: int = 256 * ROW_BYTES,
+        extra: dict[str, Any] | None = None,
+        secret: str | None = None,
+        prefix: tuple[str, ...] = (),
+        env: dict[str, str] | None = None,
+    ) -> None:
+        self.name = name
+        self.host = host
+        self.port = port or free_port(host if not prefix else "127.0.0.1")
+        argv = [*prefix, PYTHON, str(SCRIPT), name, host, str(self.port), str(shm_dir), str(cpu_bytes)]
+        argv.append(json.dumps(extra or {}))
+        if secret is not None:
+            argv.append(secret)
+        self.proc = subprocess.Popen(
+            argv,
+            cwd=ROOT,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+            env={**os.environ, **(env or {})},
+        )
+        self.hello = self._read(120)
+        self.agent = self.hello["agent"]
+
+    def _read(self, timeout_s: float = 30.0) -> dict:
+        assert self.proc.stdout is not None
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            line = self.proc.stdout.readline()
+            if not line:
+                raise AssertionError(f"producer {self.name} exited with {self.proc.wait(10)}")
+            if line.startswith("@@ "):
+                return json.loads(line[3:])
+        raise AssertionError(f"producer {self.name} did not answer within {timeout_s} s")
+
+    def call(self, op: str, **args: Any) -> Any:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(json.dumps({"op": op, **args}) + "\n")
+        self.proc.stdin.flush()
+        got = self._read()
+        assert "error" not in got, got["error"]
+        return got["ok"]
+
+    def store(self, key: str, rows: int) -> dict:
+        assert self.call("store", key=key, rows=rows)["stored"], f"{key} was not stored"
+        return self.call("publish", keys=[key])
+
+    def state(self) -> dict:
+        return self.call("state")
+
+    def signal(self, sig: int) -> None:
+        os.kill(self.proc.pid, sig)
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait(30)
+
+    def stop(self) -> None:
+        """Shut down cleanly (region unlinked, agent closed); kill if it does not answer."""
+        if self.proc.poll() is not None:
+            return
+        try:
+            assert self.proc.stdin is not None
+            self.proc.stdin.write(json.dumps({"op": "stop"}) + "\n")
+            self.proc.stdin.flush()
+            self._read(30)
+            self.proc.wait(30)
+        except (AssertionError, OSError, subprocess.TimeoutExpired):
+            self.kill()
+        finally:
+            for stream in (self.proc.stdin, self.proc.stdout):
+                if stream is not None:
+                    stream.close()
+
+
+class ConsumerSide:
+    """The consumer engine's P2P side over the real adapters, in this process."""
+
+    def __init__(
+        self,
+        shm_dir: Path,
+        *,
+        blocks: int = 256,
+        extra: dict[str, Any] | None = None,
+        fingerprint: str = FINGERPRINT,
+        ucx_error_mode: str = "none",
+        heartbeat: Heartbeat | None = None,
+    ) -> None:
+        from ec_connector.adapters.nixl_data import NixlPeerTransport
+
+        self.name = f"cons-{uuid.uuid4().hex[:6]}"
+        extra = {**CONSUMER_EXTRA, "ucx_error_mode": ucx_error_mode, **(extra or {})}
+        self.config = parse_config(
+            {"ec_cpu_bytes": blocks * ROW_BYTES, "ec_enable_nixl": True, **extra}, role="ec_consumer"
+        )
+        layout = Layout.for_budget(self.config.cpu_bytes, hidden_dim=HIDDEN, dtype="bfloat16")
+        self.region = ShmRegion.open(instance=self.name, dp_rank=0, layout=layout, shm_dir=shm_dir)
+        self.scheduler = TierScheduler(
+            config=self.config,
+            region=self.region,
+            clock=SystemClock(),
+            events=LogEventSink(),
+            ranks=1,
+            engine_id=self.name,
+        )
+        self.control = ZmqControlClient(
+            secret=self.config.side_channel_secret, **({"heartbeat": heartbeat} if heartbeat else {})
+        )
+        self.transport = NixlPeerTransport(
+            self.region,
+            agent_name=f"{self.name}_dp0",
+            backend=self.config.nixl_backend,
+            ucx_error_mode=self.config.ucx_error_mode,
+            progress_thread=False,
+        )
+        self.stats = PeerStats()
+        self.fetcher = ConsumerFetcher(
+            tier=self.scheduler,
+            config=self.config,
+            clock=SystemClock(),
+            control=self.control,
+            transport=self.transport,
+            fingerprint=fingerprint,
+            engine_id=self.name,
+            stats=self.stats,
+        )
+        self._requests = 0
+        self.closed = False
+
+    @property
+    def table(self):
+        return self.scheduler.table
+
+    def step(self, params: dict, items: list[tuple[str, int]], request_id: str, media: bool = True) -> bool:
+        """One engine step for one request: poll, then ensure_cache_available."""
+        self.fetcher.poll()
+        wanted = [WantedItem(key, rows, media) for key, rows in items]
+        return self.fetcher.ensure_available(request_id, params, wanted)
+
+    def fetch(
+        self,
+        params: dict,
+        items: list[tuple[str, int]],
+        *,
+        bound_s: float,
+        media: bool = True,
+        on_step=None,
+    ) -> dict[str, str]:
+        """Step until the request is no longer deferred; each item's outcome: read / fallback.
+
+        Fails if the request is still deferred after `bound_s` (plus slack): a request is never
+        blocked forever.
+        """
+        self._requests += 1
+        rid = f"req-{self._requests}"
+        deadline = time.monotonic() + bound_s + SLACK_S
+        while not self.step(params, items, rid, media):
+            if on_step is not None:
+                on_step(self)
+            assert time.monotonic() < deadline, f"request still deferred after {bound_s} s + slack"
+            time.sleep(0.002)
+        return {key: ("read" if self.table.is_ready(key) else "fallback") for key, _ in items}
+
+    def local_bytes(self, key: str) -> bytes:
+        entry = self.table.get(key)
+        assert entry is not None and entry.is_ready
+        view = self.region.data()
+        b = self.region.layout.block_size_bytes
+        try:
+            return b"".join(bytes(view[e.start * b : e.end * b]) for e in entry.extents)
+        finally:
+            view.release()
+
+    def assert_read(self, key: str, rows: int) -> None:
+        assert self.local_bytes(key) == payload(key, rows), f"bytes of {key} differ from the producer's"
+
+    def settle(self, bound_s: float | None = None) -> None:
+        """Let quarantines end and deadlines pass; then nothing may be in flight or pinned."""
+        deadline = time.monotonic() + (bound_s if bound_s is not None else self.config.quarantine_s + SLACK_S)
+        while True:
+            self.fetcher.poll()
+            self.scheduler.poll()
+            with self.scheduler.lock:
+                busy = [e for e in self.table.entries() if e.phase is not Phase.READY]
+            if not busy and not self.fetcher.has_pending_work():
+                return
+            assert time.monotonic() < deadline, f"still busy: {[(e.key, e.phase) for e in busy]}"
+            time.sleep(0.01)
+
+    def assert_clean(self) -> None:
+        """No pin, no transfer in flight, every block free or held by a READY entry."""
+        self.settle()
+        with self.scheduler.lock:
+            entries = self.table.entries()
+            assert [e.key for e in entries if e.is_pinned] == []
+            assert all(e.phase is Phase.READY for e in entries)
+            held = sum(e.rows for e in entries)
+            assert self.table.blocks.free_blocks + held == self.table.blocks.num_blocks
+            for entry in entries:
+                self.table.drop(entry.key)
+            assert self.table.blocks.free_blocks == self.table.blocks.num_blocks
+        assert not self.fetcher.has_pending_work()
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        self.control.close()
+        self.transport.close()
+        self.region.close()
+
+
+def resources() -> tuple[int, int]:
+    """(open file descriptors, OS threads) of this process."""
+    return len(os.listdir("/proc/self/fd")), len(os.listdir("/proc/self/task"))
+
+
+@pytest.fixture(scope="session")
+def warm_nixl() -> None:
+    """Load NIXL/UCX once so the per-test resource baseline excludes one-time library state."""
+    if not HAVE_NIXL:
+        return
+    path = Path("/dev/shm") / f"ec_warm_{uuid.uuid4().hex[:8]}"
+    path.mkdir(mode=0o700)
+    try:
+        ConsumerSide(path, blocks=16).close()
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture
+def shm_dir(warm_nixl: None) -> Iterator[Path]:
+    """A private directory on the real /dev/shm; it must hold nothing at the end."""
+    path = Path("/dev/shm") / f"ec_fault_{uuid.uuid4().hex[:12]}"
+    path.mkdir(mode=0o700)
+    try:
+        yield path
+        left = sorted(p.name for p in path.iterdir())
+        assert left == [], f"files left in /dev/shm: {left}"
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture
+def world(shm_dir: Path) -> Iterator[dict[str, Any]]:
+    """Start producers and consumers; everything is closed at the end and leaks are checked."""
+    fds, threads = resources()
+    py_threads = threading.active_count()
+    producers: list[ProducerProcess] = []
+    consumers: list[ConsumerSide] = []
+
+    def producer(name: str | None = None, **kw: Any) -> ProducerProcess:
+        producers.append(ProducerProcess(name or f"prod-{uuid.uuid4().hex[:6]}", shm_dir, **kw))
+        return producers[-1]
+
+    def consumer(**kw: Any) -> ConsumerSide:
+        consumers.append(ConsumerSide(shm_dir, **kw))
+        return consumers[-1]
+
+    yield {"producer": producer, "consumer": consumer, "shm_dir": shm_dir}
+    for made in producers:
+        if made.proc.poll() is None:
+            made.signal(signal.SIGCONT)
+        made.stop()
+    for side in consumers:
+        side.close()
+    deadline = time.monotonic() + 5
+    while resources() != (fds, threads) and time.monotonic() < deadline:
+        time.sleep(0.05)  # ZMQ's and UCX's threads end asynchronously
+    assert resources() == (fds, threads), f"(fds, threads) before {(fds, threads)}, after {resources()}"
+    assert threading.active_count() == py_threads
