@@ -16,6 +16,9 @@ Settings:
     shm_dir            directory of the region files (default /dev/shm)
     fingerprint        compatibility fingerprint of this instance (P2P only)
     side_host, side_port  where a producer's control server listens and what it advertises (P2P)
+
+The event sink is the ZMQ event feed when `event_feed_address` is set (zmq is then imported, even in
+local mode), else LogEventSink.
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ from ec_connector.ports.control import ControlClient, ControlServer
 from ec_connector.ports.copier import Copier
 from ec_connector.ports.peer import PeerTransport
 from ec_connector.ports.region import Region
+from ec_connector.ports.runtime import EventSink
 
 
 def _layout(config: ConnectorConfig, hidden_dim: int, dtype: str) -> Layout:
@@ -127,6 +131,20 @@ def _control_client(config: ConnectorConfig) -> Iterator[ControlClient]:
         client.close()
 
 
+def _event_sink(config: ConnectorConfig) -> Iterator[EventSink]:
+    """The event feed at `event_feed_address` when set (imports zmq), else debug log lines."""
+    if config.event_feed_address is None:
+        yield LogEventSink()
+        return
+    from ec_connector.adapters.zmq_control.events import ZmqEventSink
+
+    sink = ZmqEventSink(config.event_feed_address)
+    try:
+        yield sink
+    finally:
+        sink.close()
+
+
 def _agent_name(instance: str, dp_rank: int) -> str:
     """One NIXL agent per engine instance and data-parallel rank (as the region file)."""
     return f"{instance}_dp{dp_rank}"
@@ -144,7 +162,7 @@ class Container(containers.DeclarativeContainer):
         _layout, connector_config, hidden_dim=settings.hidden_dim, dtype=settings.dtype
     )
     clock = providers.Singleton(SystemClock)
-    events = providers.Singleton(LogEventSink)
+    events = providers.Resource(_event_sink, connector_config)
 
     region = providers.Selector(
         settings.tier,

@@ -1,0 +1,216 @@
+"""The event feed: the EventSink port over a ZMQ publisher, and the decoder subscribers use.
+
+An orchestrator subscribes (ZMQ SUB) to `event_feed_address` and learns when an engine's encodings
+appear or go away, so it stops forwarding `ec_transfer_params` for entries that are gone.
+
+Wire format (`FEED_VERSION` 1). Each event is one two-frame ZMQ message:
+
+    frame 0, topic:    b"ec." + kind        (b"ec.stored", b"ec.evicted", b"ec.announced", b"ec.expired")
+    frame 1, payload:  MessagePack map {"version": 1, "kind": str, "seq": int, "ts": float,
+                                        "engine_id": str, "mm_hash": str, "size_bytes": int}
+
+Subscribe to b"ec." for every kind, or to one topic. `seq` counts every event this publisher was
+handed, from 1, so a gap in `seq` is an event the subscriber missed (dropped at a full queue, or
+sent before it connected). `ts` is the publisher's wall clock (Unix seconds). `version` comes
+first in every version's payload; a subscriber refuses a version it does not read.
+
+Publishing never blocks: the socket is an XPUB with `XPUB_NODROP`, so a subscriber queue at its
+high-water mark makes the send fail at once (EAGAIN); the event is dropped and counted (`dropped`).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import msgspec
+import structlog
+import zmq
+
+from ec_connector.domain.errors import ProtocolError
+from ec_connector.domain.transfers import CacheEvent, EventKind
+
+log = structlog.get_logger(__name__)
+
+FEED_VERSION = 1
+TOPIC_PREFIX = b"ec."
+MAX_EVENT_BYTES = 4096
+DEFAULT_HWM = 10_000
+
+
+def topic(kind: EventKind | str) -> bytes:
+    """The topic frame of events of `kind` (subscribe to it to receive only those)."""
+    return TOPIC_PREFIX + EventKind(kind).value.encode()
+
+
+class EventFrameError(ProtocolError):
+    """A message on the feed is not an event this decoder reads; the text says why."""
+
+
+class EventFeedBindError(ValueError):
+    """`event_feed_address` could not be bound."""
+
+
+@dataclass(frozen=True, slots=True)
+class FeedEvent:
+    """One decoded event: what happened to entry `mm_hash` on engine `engine_id`."""
+
+    version: int
+    kind: EventKind
+    seq: int
+    ts: float
+    engine_id: str
+    mm_hash: str
+    size_bytes: int
+
+
+class _Payload(msgspec.Struct, frozen=True):
+    version: int
+    kind: str
+    seq: int
+    ts: float
+    engine_id: str
+    mm_hash: str
+    size_bytes: int
+
+
+class _Probe(msgspec.Struct, frozen=True):
+    version: int
+
+
+_encoder = msgspec.msgpack.Encoder()
+_probe = msgspec.msgpack.Decoder(_Probe)
+_payload = msgspec.msgpack.Decoder(_Payload)
+_KINDS = ", ".join(k.value for k in EventKind)
+
+
+def encode_event(event: CacheEvent, *, seq: int, ts: float) -> list[bytes]:
+    """The two frames (topic, payload) of `event`."""
+    body = _Payload(
+        version=FEED_VERSION,
+        kind=EventKind(event.kind).value,
+        seq=seq,
+        ts=ts,
+        engine_id=event.engine_id,
+        mm_hash=event.mm_hash,
+        size_bytes=event.size_bytes,
+    )
+    return [topic(event.kind), _encoder.encode(body)]
+
+
+def decode_event(frames: Sequence[bytes | memoryview]) -> FeedEvent:
+    """The event in one feed message (its frames); raises EventFrameError naming the problem."""
+    if len(frames) != 2:
+        raise EventFrameError(f"event message has {len(frames)} frame(s), expected 2 (topic, payload)")
+    head, payload = bytes(frames[0]), bytes(frames[1])
+    if not head.startswith(TOPIC_PREFIX):
+        raise EventFrameError(
+            f"topic {head[:64]!r} is not an ec_connector event topic (expected b'ec.<kind>')"
+        )
+    if len(payload) > MAX_EVENT_BYTES:
+        raise EventFrameError(f"event payload of {len(payload)} bytes exceeds {MAX_EVENT_BYTES}")
+    try:
+        version = _probe.decode(payload).version
+    except (msgspec.DecodeError, msgspec.ValidationError) as err:
+        raise EventFrameError(f"malformed event payload ({len(payload)} bytes): {err}") from err
+    if version != FEED_VERSION:
+        raise EventFrameError(
+            f"event speaks feed version {version}, this subscriber reads version {FEED_VERSION}: "
+            "upgrade the older side"
+        )
+    try:
+        body = _payload.decode(payload)
+    except (msgspec.DecodeError, msgspec.ValidationError) as err:
+        raise EventFrameError(f"malformed version-{version} event: {err}") from err
+    try:
+        kind = EventKind(body.kind)
+    except ValueError:
+        raise EventFrameError(f"unknown event kind {body.kind!r} (known: {_KINDS})") from None
+    if head != topic(kind):
+        raise EventFrameError(f"topic {head!r} does not match the event's kind {kind.value!r}")
+    return FeedEvent(
+        version=version,
+        kind=kind,
+        seq=body.seq,
+        ts=body.ts,
+        engine_id=body.engine_id,
+        mm_hash=body.mm_hash,
+        size_bytes=body.size_bytes,
+    )
+
+
+class ZmqEventSink:
+    """EventSink port: publishes cache events on an XPUB socket bound at `address`.
+
+    Thread-safe (the scheduler thread and the control server's I/O thread both publish).
+    `published` and `dropped` count events sent and events refused at a full subscriber queue.
+    """
+
+    def __init__(
+        self,
+        address: str,
+        *,
+        hwm: int = DEFAULT_HWM,
+        wall_clock: Callable[[], float] = time.time,
+    ) -> None:
+        self._context = zmq.Context()
+        self._socket: Any = self._context.socket(zmq.XPUB)
+        self._socket.setsockopt(zmq.LINGER, 0)
+        self._socket.setsockopt(zmq.SNDHWM, hwm)
+        self._socket.setsockopt(zmq.XPUB_NODROP, 1)
+        try:
+            self._socket.bind(address)
+        except zmq.ZMQError as err:
+            self._socket.close(linger=0)
+            self._context.term()
+            raise EventFeedBindError(
+                f"ec_connector_extra_config['event_feed_address'] = {address!r} cannot be bound ({err}): "
+                'expected a free ZMQ endpoint such as "tcp://127.0.0.1:5610" or "ipc:///tmp/ec_events"'
+            ) from err
+        self.address: str = self._socket.getsockopt_string(zmq.LAST_ENDPOINT)
+        self._wall_clock = wall_clock
+        self._lock = threading.Lock()
+        self._seq = 0
+        self._closed = False
+        self.published = 0
+        self.dropped = 0
+        log.info("event_feed_bound", address=self.address)
+
+    def publish(self, event: CacheEvent) -> None:
+        with self._lock:
+            if self._closed:
+                return
+            self._seq += 1
+            self._drain_subscriptions()
+            frames = encode_event(event, seq=self._seq, ts=self._wall_clock())
+            try:
+                self._socket.send_multipart(frames, flags=zmq.NOBLOCK)
+            except zmq.Again:
+                self.dropped += 1
+                if self.dropped == 1 or self.dropped % 1000 == 0:
+                    log.warning("event_feed_full", dropped=self.dropped, kind=event.kind.value)
+                return
+            except zmq.ZMQError as err:
+                self.dropped += 1
+                log.warning("event_feed_send_failed", reason=str(err), kind=event.kind.value)
+                return
+            self.published += 1
+
+    def close(self) -> None:
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            self._socket.close(linger=0)
+            self._context.term()
+
+    def _drain_subscriptions(self) -> None:
+        """Read (and discard) subscription messages so they do not pile up on the socket."""
+        while True:
+            try:
+                self._socket.recv(zmq.NOBLOCK)
+            except zmq.Again:
+                return
