@@ -46,6 +46,7 @@ class TorchCopier:
         if dev.type == "cuda" and dev.index is None:
             dev = torch.device("cuda", torch.cuda.current_device())
         self.device = dev
+        self._device_index = -1 if dev.type == "cpu" else dev.index
         self._closed = False
         self._ended_at_close: list[int] = []
         if dev.type == "cpu":
@@ -102,14 +103,15 @@ class TorchCopier:
         self._open()
         payloads = [job.payload for job in jobs]
         copies = [job.copy for job in jobs]
-        tensor, dtype, device, width = torch.Tensor, self._dtype, self.device, self._layout.hidden_dim
+        tensor, dtype, width, index = torch.Tensor, self._dtype, self._layout.hidden_dim, self._device_index
         for p, copy in zip(payloads, copies, strict=True):
-            # the common case in one cheap expression; check() names the problem otherwise
+            # the common case in one cheap expression (get_device: -1 on CPU, the index on CUDA);
+            # check() names the problem otherwise
             if not (
                 type(p) is tensor
                 and p.dtype is dtype
                 and p.shape == (copy.rows, width)
-                and p.device == device
+                and p.get_device() == index
             ):
                 self.check(p, copy.rows)
         runs = plan_runs(copies, self._layout.num_blocks)

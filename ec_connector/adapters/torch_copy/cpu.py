@@ -42,9 +42,9 @@ class CpuEngine:
     def save(self, runs: Runs, payloads: list[torch.Tensor]) -> None:
         t0 = time.perf_counter()
         rows = self._region_rows()
-        starts, lengths = runs.starts, runs.lengths
+        starts, lengths = runs.starts.tolist(), runs.lengths.tolist()
         k = 0
-        for payload, count in zip(payloads, runs.counts, strict=True):
+        for payload, count in zip(payloads, runs.counts.tolist(), strict=True):
             pos = 0
             for s, n in zip(starts[k : k + count], lengths[k : k + count], strict=True):
                 rows[s : s + n].copy_(payload[pos : pos + n])
@@ -57,7 +57,7 @@ class CpuEngine:
         rows = self._region_rows()
         out = torch.empty((runs.total_rows, self._width), dtype=self._dtype)
         pos = 0
-        for s, n in zip(runs.starts, runs.lengths, strict=True):
+        for s, n in zip(runs.starts.tolist(), runs.lengths.tolist(), strict=True):
             out[pos : pos + n].copy_(rows[s : s + n])
             pos += n
         self._finish("load", runs, t0)

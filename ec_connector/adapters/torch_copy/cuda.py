@@ -8,17 +8,17 @@ one Triton kernel that reads or writes the region through its mapped device addr
 costs one launch whatever its fragmentation. No per-row host work and no host synchronisation;
 the launch path uses raw runtime calls (cudart.py) and pre-compiled kernels (kernels.Launcher).
 Sources stay referenced until the end event has fired; load outputs are allocated on the caller's
-stream, marked as used by the copy stream, and the caller's stream waits on the end event, so
-anything queued after `load` sees the bytes.
+stream and the caller's stream waits on the end event, so anything queued after `load` sees the
+bytes (and memory reused after the outputs are freed is written only after the copy). The batch
+plan is a few numpy operations over the whole batch (plan.py), so host time barely grows with runs.
 """
 
 from __future__ import annotations
 
-import ctypes
-from array import array
 from dataclasses import dataclass
-from itertools import accumulate
+from typing import Final
 
+import numpy as np
 import torch
 
 from ec_connector.adapters.torch_copy import hostmem
@@ -34,6 +34,10 @@ _WORD_DTYPES = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 # lost ~25 µs to its first accesses (64-row entries of 7 KiB rows in 2 runs: 0.45x memcpy).
 FEW_RUNS = 4
 
+_ALL: Final = slice(None)  # every run of the batch
+Selection = slice | np.ndarray | None  # _ALL, a boolean mask over the runs, or no run
+_data_ptr = torch.Tensor.data_ptr
+
 
 class _Slot:
     """Pinned staging and device copy of one batch's run table; reused once that batch has ended."""
@@ -42,6 +46,7 @@ class _Slot:
         self.capacity = runs
         self.pinned = torch.empty(3 * runs, dtype=torch.int64, pin_memory=True)
         self.device = torch.empty(3 * runs, dtype=torch.int64, device=device)
+        self.table = self.pinned.numpy()
         self.pinned_address = self.pinned.data_ptr()
         self.device_address = self.device.data_ptr()
         self.staged_bytes = 0
@@ -126,19 +131,13 @@ class CudaEngine:
     def save(self, runs: Runs, payloads: list[torch.Tensor]) -> None:
         caller = torch._C._cuda_getCurrentRawStream(self._index)
         sources = tuple(p if p.is_contiguous() else p.contiguous() for p in payloads)
-        pointers = [p.data_ptr() for p in sources]
-        align = self._base_align
-        for ptr in pointers:
-            align |= ptr
-        word, vec = _word(align)
-        rb = self._row_bytes
-        bases, first = [], 0  # bases[e] + r * rb = address of batch row r, for rows of entry e
-        for ptr, rows in zip(pointers, runs.rows, strict=True):
-            bases.append(ptr - first * rb)
-            first += rows
+        pointers = np.fromiter(map(_data_ptr, sources), np.int64, len(sources))
+        word, vec = _word(self._base_align | int(np.bitwise_or.reduce(pointers)))
+        # row r of the batch (r counted from the copy's first row) of copy e is at pointers[e] + r * rb
+        run_base = runs.per_run(pointers - runs.entry_firsts() * self._row_bytes)
         dense = sources[0].view(_WORD_DTYPES[word])
         stream = self._next(self._save_streams)
-        self._submit("save", runs, caller, stream, dense, bases, word, vec, sources)
+        self._submit("save", runs, caller, stream, dense, run_base, word, vec, sources)
 
     def load(self, runs: Runs) -> tuple[torch.Tensor, ...]:
         caller = torch._C._cuda_getCurrentRawStream(self._index)
@@ -146,7 +145,8 @@ class CudaEngine:
         word, vec = _word(self._base_align)
         stream = self._next(self._load_streams)
         end = self._submit("load", runs, caller, stream, out.view(_WORD_DTYPES[word]), None, word, vec, ())
-        out.record_stream(stream)
+        # No record_stream: `out` belongs to the caller's stream, which waits here for the end event,
+        # so whatever reuses its memory after it is freed is queued behind the copy.
         self._rt.wait(caller, end)
         return out.split(runs.rows)
 
@@ -208,46 +208,43 @@ class CudaEngine:
         caller: int,
         stream_obj: torch.cuda.Stream,
         dense: torch.Tensor,
-        bases: list[int] | None,
+        run_base: np.ndarray | None,
         word: int,
         vec: int,
         keep: tuple[torch.Tensor, ...],
     ) -> int:
-        """Queue the batch on `stream_obj`; returns its end event. `bases=None`: one dense tensor."""
+        """Queue the batch on `stream_obj`; returns its end event.
+
+        Run i's rows are at `run_base[i] + (firsts[i] + j) * rb` on the dense side (`run_base` None:
+        all in `dense`, back to back).
+        """
         save = direction == "save"
         rb = self._row_bytes
-        starts, lengths = runs.starts, runs.lengths
-        n = len(lengths)
+        starts, lengths, firsts = runs.starts, runs.lengths, runs.firsts
         dense_address = dense.data_ptr()
-        big = self._big_rows
-        if big is None or n == 0:
-            long_runs: list[int] = []
-        elif n <= FEW_RUNS or min(lengths) >= big:
-            long_runs = list(range(n))
-        elif max(lengths) < big:
-            long_runs = []
-        else:
-            long_runs = [i for i in range(n) if lengths[i] >= big]
-        firsts = list(accumulate(lengths, initial=0))  # batch row where each run begins
-        firsts.pop()
-        # run i lives at dense address run_base[i] + firsts[i] * rb
-        if bases is None:
-            run_base = None
-        else:
-            run_base = []
-            for b, count in zip(bases, runs.counts, strict=True):
-                run_base += [b] * count
+        at = (dense_address if run_base is None else run_base) + firsts * rb  # each run's dense address
+        dma, kernel = self._split(lengths)
 
         slot: _Slot | None = None
         fire = None
-        if len(long_runs) < n:
-            short = None if not long_runs else [i for i in range(n) if lengths[i] < big]  # type: ignore[operator]
-            k_firsts, k_starts, k_lengths, k_rows, delta = _kernel_runs(
-                runs, firsts, run_base, short, dense_address=dense_address, word=word, row_bytes=rb
-            )
+        if kernel is not None:
+            if kernel is _ALL:
+                k_starts, k_lengths, k_firsts, k_rows = starts, lengths, firsts, runs.total_rows
+            else:
+                k_starts, k_lengths = starts[kernel], lengths[kernel]
+                k_ends = np.cumsum(k_lengths)
+                k_rows = int(k_ends[-1])
+                k_firsts = k_ends - k_lengths
+            if run_base is None and kernel is _ALL:
+                delta = None
+            else:
+                # the kernel puts its row r of run i at dense word r * row_words + delta[i]
+                delta = (at[kernel] - dense_address) // word - k_firsts * (rb // word)
+                if not delta.any():
+                    delta = None
             inline = None
             if delta is None and len(k_starts) <= self._kernels.INLINE_RUNS:
-                inline = self._kernels.inline_runs(k_starts, k_lengths, k_rows)
+                inline = self._kernels.inline_runs(k_starts.tolist(), k_lengths.tolist(), k_rows)
             else:
                 slot = self._stage(k_firsts, k_starts, delta)
             fire = self._launcher.bind(
@@ -262,19 +259,16 @@ class CudaEngine:
                 save=save,
                 delta=delta is not None,
             )
-        if long_runs:
-            hosts = array("Q", [self._host_address + starts[i] * rb for i in long_runs])
-            if run_base is None:
-                denses = array("Q", [dense_address + firsts[i] * rb for i in long_runs])
-            else:
-                denses = array("Q", [run_base[i] + firsts[i] * rb for i in long_runs])
-            sizes = array("Q", [lengths[i] * rb for i in long_runs])
+        if dma is not None:
+            hosts = self._host_address + starts[dma] * rb
+            denses = at[dma]
+            sizes = lengths[dma] * rb
             dsts, srcs = (hosts, denses) if save else (denses, hosts)
 
         rt = self._rt
         start, end = self._events.pop() if self._events else (rt.event(timing=True), rt.event(timing=True))
         stream = stream_obj.cuda_stream
-        side = self._side[stream] if long_runs and fire is not None else None
+        side = self._side[stream] if dma is not None and fire is not None else None
         rt.record(self._fence, caller)
         rt.wait(stream, self._fence)
         rt.record(start, stream)
@@ -284,29 +278,41 @@ class CudaEngine:
             if slot is not None:
                 rt.memcpy(slot.device_address, slot.pinned_address, slot.staged_bytes, stream)
             fire(stream)
-        if long_runs:
+        if dma is not None:
             rt.memcpy_many(dsts, srcs, sizes, stream if side is None else side.cuda_stream)
         if side is not None:
             rt.record(self._join, side.cuda_stream)
             rt.wait(stream, self._join)
-            if not save:
-                dense.record_stream(side)
         rt.record(end, stream)
         self._pending.append(_Batch(direction, runs.tickets, runs.total_rows * rb, start, end, slot, keep))
         return end
 
-    def _stage(self, firsts: list[int], starts: list[int], delta: list[int] | None) -> _Slot:
+    def _split(self, lengths: np.ndarray) -> tuple[Selection, Selection]:
+        """(runs for the copy engines, runs for the kernel): each None, _ALL or a boolean mask."""
+        n = len(lengths)
+        big = self._big_rows
+        if n == 0:
+            return None, None
+        if big is None:
+            return None, _ALL
+        if n <= FEW_RUNS:
+            return _ALL, None
+        long = lengths >= big
+        n_long = int(np.count_nonzero(long))
+        if n_long == n:
+            return _ALL, None
+        if n_long == 0:
+            return None, _ALL
+        return long, ~long
+
+    def _stage(self, firsts: np.ndarray, starts: np.ndarray, delta: np.ndarray | None) -> _Slot:
         """Write the run table (first, start, delta columns) into a free slot's pinned buffer."""
         n = len(starts)
         slot = self._take_slot(n)
-        table = array("q", firsts)
-        table.extend(starts)
-        if delta is not None:
-            table.extend(delta)
-        else:
-            table.frombytes(bytes(8 * n))  # unused column, kept so the layout is fixed
-        address, count = table.buffer_info()
-        ctypes.memmove(slot.pinned_address, address, count * table.itemsize)
+        table = slot.table
+        table[:n] = firsts
+        table[n : 2 * n] = starts
+        table[2 * n : 3 * n] = 0 if delta is None else delta  # unused column kept: the layout is fixed
         slot.staged_bytes = 3 * n * 8
         return slot
 
@@ -343,40 +349,6 @@ class CudaEngine:
                 save=save,
                 delta=delta,
             )
-
-
-def _kernel_runs(
-    runs: Runs,
-    firsts: list[int],
-    run_base: list[int] | None,
-    short: list[int] | None,
-    *,
-    dense_address: int,
-    word: int,
-    row_bytes: int,
-) -> tuple[list[int], list[int], list[int], int, list[int] | None]:
-    """The runs the kernel copies (all, or those indexed by `short`), numbered in its own row space.
-
-    Returns (firsts, starts, lengths, rows, delta): the kernel puts its row r of run i at dense word
-    `r * row_words + delta[i]` (delta None: all zero).
-    """
-    if short is None:
-        starts, lengths, rows = runs.starts, runs.lengths, runs.total_rows
-        if run_base is None:
-            return firsts, starts, lengths, rows, None
-        delta = [(b - dense_address) // word for b in run_base]
-        return firsts, starts, lengths, rows, (delta if any(delta) else None)
-    starts = [runs.starts[i] for i in short]
-    lengths = [runs.lengths[i] for i in short]
-    k_firsts = list(accumulate(lengths, initial=0))
-    rows = k_firsts.pop()
-    row_words = row_bytes // word
-    if run_base is None:
-        at = [dense_address + firsts[i] * row_bytes for i in short]
-    else:
-        at = [run_base[i] + firsts[i] * row_bytes for i in short]
-    delta = [(a - dense_address) // word - f * row_words for a, f in zip(at, k_firsts, strict=True)]
-    return k_firsts, starts, lengths, rows, (delta if any(delta) else None)
 
 
 def _word(align: int) -> tuple[int, int]:

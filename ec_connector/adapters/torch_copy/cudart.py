@@ -11,8 +11,8 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import threading
-from array import array
 
+import numpy as np
 import torch
 
 from ec_connector.domain.errors import ECConnectorError
@@ -80,6 +80,9 @@ class CudaRuntime:
             self._attrs = _MemcpyAttributes(_SRC_ACCESS_ORDER_STREAM)
             self._attr_index = (ctypes.c_size_t * 1)(0)
             self._fail_index = ctypes.c_size_t(0)
+            self._attrs_address = ctypes.addressof(self._attrs)
+            self._attr_index_address = ctypes.addressof(self._attr_index)
+            self._fail_index_address = ctypes.addressof(self._fail_index)
         # hot-path entry points, bound once
         self.record_raw = lib.cudaEventRecord
         self.wait_raw = lib.cudaStreamWaitEvent
@@ -162,27 +165,36 @@ class CudaRuntime:
         if err:
             self.check(err, "cudaMemcpyAsync")
 
-    def memcpy_many(self, dsts: array, srcs: array, sizes: array, stream: int) -> None:
-        """Copy each (dst, src, size) in stream order: one cudaMemcpyBatchAsync where available."""
+    def memcpy_many(self, dsts: np.ndarray, srcs: np.ndarray, sizes: np.ndarray, stream: int) -> None:
+        """Copy each (dst, src, size) in stream order: one cudaMemcpyBatchAsync where available.
+
+        The three arrays are contiguous int64 (addresses and byte counts), read before this returns.
+        """
         count = len(sizes)
         if count == 0:
             return
         if self._batch is None or count == 1:
-            for d, s, n in zip(dsts, srcs, sizes, strict=True):
+            for d, s, n in zip(dsts.tolist(), srcs.tolist(), sizes.tolist(), strict=True):
                 self.memcpy(d, s, n, stream)
             return
         args = [
-            dsts.buffer_info()[0],
-            srcs.buffer_info()[0],
-            sizes.buffer_info()[0],
+            _address(dsts),
+            _address(srcs),
+            _address(sizes),
             count,
-            ctypes.addressof(self._attrs),
-            ctypes.addressof(self._attr_index),
+            self._attrs_address,
+            self._attr_index_address,
             1,
         ]
         if self._batch_has_fail_index:
-            args.append(ctypes.addressof(self._fail_index))
+            args.append(self._fail_index_address)
         self.check(self._batch(*args, stream), "cudaMemcpyBatchAsync")
+
+
+def _address(values: np.ndarray) -> int:
+    if values.dtype != np.int64 or not values.flags.c_contiguous:
+        raise TypeError("memcpy_many takes contiguous int64 arrays")
+    return values.ctypes.data
 
 
 _loaded: CudaRuntime | None = None

@@ -1,11 +1,17 @@
-"""Validated batches: the flat list of region runs that both engines copy, and batch timings."""
+"""Validated batches: the flat table of region runs that both engines copy, and batch timings.
+
+The table is built with a handful of numpy operations over the whole batch, so its cost barely
+grows with the number of runs: it runs on the engine's step thread for every batch.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from itertools import accumulate, chain, pairwise
-from operator import add, attrgetter
+from itertools import chain
+from operator import attrgetter
+
+import numpy as np
 
 from ec_connector.domain.errors import LayoutMismatch
 from ec_connector.domain.transfers import PlannedCopy
@@ -23,14 +29,27 @@ class CopyTiming:
 
 @dataclass(slots=True)
 class Runs:
-    """A validated batch: the region runs of every copy, in batch order."""
+    """A validated batch: the region runs of every copy, in batch order (int64 arrays)."""
 
     tickets: list[int]
     rows: list[int]  # rows of each copy
-    counts: list[int]  # runs of each copy
-    starts: list[int]  # first region block of each run
-    lengths: list[int]  # blocks of each run
+    counts: np.ndarray  # runs of each copy
+    starts: np.ndarray  # first region block of each run
+    lengths: np.ndarray  # blocks of each run
+    firsts: np.ndarray  # batch row where each run begins (runs back to back, batch order)
     total_rows: int
+    one_run_each: bool  # every copy is a single run (then runs and copies share their index)
+
+    def entry_firsts(self) -> np.ndarray:
+        """Batch row where each copy begins."""
+        if self.one_run_each:
+            return self.firsts
+        rows = np.array(self.rows, dtype=np.int64)
+        return np.cumsum(rows) - rows
+
+    def per_run(self, values: np.ndarray) -> np.ndarray:
+        """`values` given per copy, repeated for each of the copy's runs."""
+        return values if self.one_run_each else np.repeat(values, self.counts)
 
 
 _start = attrgetter("start")
@@ -38,23 +57,33 @@ _length = attrgetter("length")
 
 
 def plan_runs(copies: Sequence[PlannedCopy], num_blocks: int) -> Runs:
-    """Flatten the extents of `copies`; LayoutMismatch if any copy is outside the region or miscounted.
-
-    Written as a few C-level passes over the whole batch (no per-extent Python statements): it runs
-    on the engine's step thread for every batch.
-    """
-    counts = [len(c.extents) for c in copies]
-    extents = list(chain.from_iterable([c.extents for c in copies]))
-    starts = list(map(_start, extents))
-    lengths = list(map(_length, extents))
+    """Flatten the extents of `copies`; LayoutMismatch if any copy is outside the region or miscounted."""
     rows = [c.rows for c in copies]
-    ends = list(accumulate(lengths, initial=0))
-    bounds = list(accumulate(counts, initial=0))
-    if [ends[b] - ends[a] for a, b in pairwise(bounds)] != rows:
+    extents = [c.extents for c in copies]
+    counts = list(map(len, extents))
+    flat = list(chain.from_iterable(extents))
+    n = len(flat)
+    starts = np.fromiter(map(_start, flat), np.int64, n)
+    lengths = np.fromiter(map(_length, flat), np.int64, n)
+    ends = np.cumsum(lengths)
+    one_each = n == len(copies) and (n == 0 or min(counts) == 1)
+    if one_each:
+        covered_ok = bool((lengths == np.array(rows, dtype=np.int64)).all())
+    else:
+        cover = np.concatenate(([0], ends))[np.cumsum(counts)]
+        covered_ok = bool((cover == np.cumsum(rows)).all()) if rows else True
+    if not covered_ok or (n and int((starts + lengths).max()) > num_blocks):
         _raise_for(copies, num_blocks)
-    if starts and max(map(add, starts, lengths)) > num_blocks:
-        _raise_for(copies, num_blocks)
-    return Runs([c.ticket for c in copies], rows, counts, starts, lengths, ends[-1])
+    return Runs(
+        tickets=[c.ticket for c in copies],
+        rows=rows,
+        counts=np.array(counts, dtype=np.int64),
+        starts=starts,
+        lengths=lengths,
+        firsts=ends - lengths,
+        total_rows=int(ends[-1]) if n else 0,
+        one_run_each=one_each,
+    )
 
 
 def _raise_for(copies: Sequence[PlannedCopy], num_blocks: int) -> None:

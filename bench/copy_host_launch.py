@@ -1,0 +1,211 @@
+"""Host time of `TorchCopier.save`/`load` for batches of 32 entries: what the engine's step thread pays.
+
+`bench/copy_bandwidth.py` reports host time too, but from a handful of repetitions among large
+copies, which vary 30-100% run to run. Here every case is 20 warm-up calls and then `--iters` timed
+calls, each on an idle device, inside `torch.inference_mode()` as vLLM's model runner calls the
+connector; it prints median, p10 and p90, and the cost of the pieces that do not depend on our code
+(the driver's batched copy submission and torch's `split` into per-entry views) measured alongside.
+Every case's bytes are verified once.
+
+    python bench/copy_host_launch.py              # needs CUDA
+    python bench/copy_host_launch.py --iters 500 --json host.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.copy_bandwidth import scattered  # noqa: E402
+from ec_connector.adapters.memory import MemoryRegion  # noqa: E402
+from ec_connector.adapters.torch_copy import TorchCopier  # noqa: E402
+from ec_connector.adapters.torch_copy.plan import plan_runs  # noqa: E402
+from ec_connector.domain.blocks import Extent  # noqa: E402
+from ec_connector.domain.layout import Layout  # noqa: E402
+from ec_connector.domain.transfers import PlannedCopy, SaveJob  # noqa: E402
+
+BATCH = 32
+
+
+def in_runs(rows: int, runs: int, gap: int) -> tuple[list[tuple[Extent, ...]], int]:
+    """BATCH entries of `rows` rows, each cut into `runs` runs with `gap` free blocks between runs."""
+    out, pos = [], 0
+    for _ in range(BATCH):
+        ext, left = [], rows
+        for k in range(runs):
+            n = left if k == runs - 1 else rows // runs
+            ext.append(Extent(pos, n))
+            pos += n + gap
+            left -= n
+        out.append(tuple(ext))
+    return out, pos
+
+
+def cases(rng: random.Random) -> list[tuple[str, int, int, list[tuple[Extent, ...]], int]]:
+    """(name, width, rows, extents per entry, region blocks)."""
+    out = []
+    for name, width, rows, runs, gap in (
+        ("64 rows x 7 KiB, 1 run", 3584, 64, 1, 0),
+        ("64 rows x 7 KiB, 3 runs", 3584, 64, 3, 1),
+        ("64 rows x 2 KiB, 1 run", 1024, 64, 1, 0),
+        ("1 MiB of 7 KiB rows, 2 runs", 3584, 146, 2, 5),
+        ("16 MiB of 32 KiB rows, 1 run", 16384, 512, 1, 0),
+    ):
+        ext, blocks = in_runs(rows, runs, gap)
+        out.append((name, width, rows, ext, blocks))
+    for name, width, rows in (
+        ("1 MiB of 2 KiB rows, runs1-16", 1024, 512),
+        ("1 MiB of 7 KiB rows, runs1-16", 3584, 146),
+    ):
+        blocks = (BATCH + 8) * rows
+        out.append((name, width, rows, scattered(blocks, rows, BATCH, rng), blocks))
+    return out
+
+
+def percentiles(xs: list[float]) -> dict[str, float]:
+    xs = sorted(xs)
+    return {
+        "median_us": statistics.median(xs) * 1e6,
+        "p10_us": xs[len(xs) // 10] * 1e6,
+        "p90_us": xs[9 * len(xs) // 10] * 1e6,
+    }
+
+
+def measure(name: str, width: int, rows: int, extents: list, blocks: int, iters: int) -> dict:
+    layout = Layout(hidden_dim=width, dtype="bfloat16", num_blocks=blocks)
+    region = MemoryRegion(layout)
+    copier = TorchCopier(region, device="cuda")
+    payloads = [torch.randn(rows, width, device="cuda").to(torch.bfloat16) for _ in extents]
+    tickets = iter(range(1, 1 << 60))
+
+    def save() -> float:
+        pairs = zip(extents, payloads, strict=True)
+        jobs = [SaveJob(PlannedCopy(next(tickets), "k", e, rows), p) for e, p in pairs]
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        copier.save(jobs)
+        dt = time.perf_counter() - t0
+        torch.cuda.synchronize()
+        copier.poll()
+        copier.drain_timings()
+        return dt
+
+    def load() -> tuple[float, list]:
+        copies = [PlannedCopy(next(tickets), "k", e, rows) for e in extents]
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        out = copier.load(copies)
+        dt = time.perf_counter() - t0
+        torch.cuda.synchronize()
+        copier.poll()
+        copier.drain_timings()
+        return dt, out
+
+    result: dict = {"case": name, "runs": sum(map(len, extents)), "entries": len(extents)}
+    for label, call in (("save", save), ("load", lambda: load()[0])):
+        for _ in range(20):
+            call()
+        result[label] = percentiles([call() for _ in range(iters)])
+    save()
+    _, out = load()
+    result["bytes_ok"] = all(torch.equal(a, b) for a, b in zip(out, payloads, strict=True))
+    copies = [PlannedCopy(next(tickets), "k", e, rows) for e in extents]
+    xs = []
+    for _ in range(iters):
+        t0 = time.perf_counter()
+        plan_runs(copies, blocks)
+        xs.append(time.perf_counter() - t0)
+    result["plan_us"] = statistics.median(xs) * 1e6
+    copier.close()
+    region.close()
+    return result
+
+
+def floor_costs(iters: int) -> dict[str, float]:
+    """Host time of the parts that are not our code: the driver's copy submission, torch's split."""
+    from ec_connector.adapters.torch_copy.cudart import runtime
+
+    rt = runtime()
+    stream = torch.cuda.Stream()
+    size = 448 * 1024
+    host = torch.empty(BATCH * size, dtype=torch.uint8, pin_memory=True)
+    dev = torch.empty(BATCH * size, dtype=torch.uint8, device="cuda")
+    dsts = np.array([host.data_ptr() + i * size for i in range(BATCH)], np.int64)
+    srcs = np.array([dev.data_ptr() + i * size for i in range(BATCH)], np.int64)
+    sizes = np.full(BATCH, size, np.int64)
+    xs = []
+    for _ in range(iters):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        rt.memcpy_many(dsts, srcs, sizes, stream.cuda_stream)
+        xs.append(time.perf_counter() - t0)
+    out = {"cudaMemcpyBatchAsync of 32 x 448 KiB": statistics.median(xs) * 1e6}
+    whole = torch.empty((BATCH * 64, 3584), dtype=torch.bfloat16, device="cuda")
+    xs = []
+    for _ in range(iters):
+        t0 = time.perf_counter()
+        whole.split([64] * BATCH)
+        xs.append(time.perf_counter() - t0)
+    out["torch split into 32 views"] = statistics.median(xs) * 1e6
+    event = rt.event(timing=True)
+    xs = []
+    for _ in range(iters):
+        t0 = time.perf_counter()
+        rt.record(event, stream.cuda_stream)
+        xs.append(time.perf_counter() - t0)
+    out["cudaEventRecord"] = statistics.median(xs) * 1e6
+    torch.cuda.synchronize()
+    rt.destroy(event)
+    return out
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--iters", type=int, default=200, help="timed calls per case (default 200)")
+    parser.add_argument("--json", type=Path, default=None, help="write every number here")
+    args = parser.parse_args(argv)
+    if not torch.cuda.is_available():
+        sys.exit(
+            "copy_host_launch needs a CUDA device "
+            "(the CPU copier is synchronous: its host time is its copy time)"
+        )
+    print(
+        f"# {torch.cuda.get_device_name()} torch {torch.__version__}; "
+        f"batch of {BATCH} entries, {args.iters} calls"
+    )
+    rows = []
+    with torch.inference_mode():
+        for name, width, n_rows, extents, blocks in cases(random.Random(1)):
+            r = measure(name, width, n_rows, extents, blocks, args.iters)
+            rows.append(r)
+            sv, ld = r["save"], r["load"]
+            print(
+                f"{name:32s} runs {r['runs']:5d}  "
+                f"save {sv['median_us']:7.1f} us ({sv['p10_us']:.0f}-{sv['p90_us']:.0f})  "
+                f"load {ld['median_us']:7.1f} us ({ld['p10_us']:.0f}-{ld['p90_us']:.0f})  "
+                f"plan {r['plan_us']:6.1f} us  bytes {'ok' if r['bytes_ok'] else 'WRONG'}",
+                flush=True,
+            )
+        floors = floor_costs(args.iters)
+    for what, us in floors.items():
+        print(f"  not ours: {what:40s} {us:6.1f} us")
+    if not all(r["bytes_ok"] for r in rows):
+        sys.exit("bytes differ after a copy")
+    if args.json:
+        args.json.write_text(json.dumps({"cases": rows, "floors_us": floors}, indent=2))
+
+
+if __name__ == "__main__":
+    main()

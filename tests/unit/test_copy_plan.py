@@ -1,0 +1,80 @@
+"""The copier's batch plan (adapters/torch_copy/plan.py) against a plain-Python reference."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from ec_connector.adapters.torch_copy.plan import plan_runs
+from ec_connector.domain.blocks import Extent
+from ec_connector.domain.errors import LayoutMismatch
+from ec_connector.domain.transfers import PlannedCopy
+
+NUM_BLOCKS = 4096
+
+extent_lists = st.lists(
+    st.lists(
+        st.tuples(st.integers(0, NUM_BLOCKS - 64), st.integers(1, 64)).map(lambda t: Extent(*t)),
+        min_size=1,
+        max_size=6,
+    ),
+    max_size=40,
+)
+
+
+def copies_of(extents: list[list[Extent]]) -> list[PlannedCopy]:
+    return [
+        PlannedCopy(i + 1, f"e{i}", tuple(ext), sum(e.length for e in ext)) for i, ext in enumerate(extents)
+    ]
+
+
+@settings(max_examples=300, deadline=None)
+@given(extent_lists)
+def test_plan_matches_the_reference_flattening(extents: list[list[Extent]]) -> None:
+    copies = copies_of(extents)
+    runs = plan_runs(copies, NUM_BLOCKS)
+    flat = [e for ext in extents for e in ext]
+    firsts, row = [], 0
+    for e in flat:
+        firsts.append(row)
+        row += e.length
+    assert runs.tickets == [c.ticket for c in copies]
+    assert runs.rows == [c.rows for c in copies]
+    assert runs.counts.tolist() == [len(ext) for ext in extents]
+    assert runs.starts.tolist() == [e.start for e in flat]
+    assert runs.lengths.tolist() == [e.length for e in flat]
+    assert runs.firsts.tolist() == firsts
+    assert runs.total_rows == row
+    assert runs.one_run_each == all(len(ext) == 1 for ext in extents)
+    entry_firsts, row = [], 0
+    for c in copies:
+        entry_firsts.append(row)
+        row += c.rows
+    assert runs.entry_firsts().tolist() == entry_firsts
+    per_run = runs.per_run(runs.entry_firsts()).tolist()
+    assert per_run == [f for f, ext in zip(entry_firsts, extents, strict=True) for _ in ext]
+
+
+@settings(max_examples=200, deadline=None)
+@given(extent_lists.filter(bool), st.data())
+def test_a_miscounted_copy_is_named(extents: list[list[Extent]], data: st.DataObject) -> None:
+    copies = copies_of(extents)
+    bad = data.draw(st.integers(0, len(copies) - 1))
+    wrong = copies[bad].rows + data.draw(st.sampled_from([-1, 1, 7]))
+    copies[bad] = PlannedCopy(copies[bad].ticket, copies[bad].key, copies[bad].extents, max(0, wrong))
+    if copies[bad].rows == sum(e.length for e in copies[bad].extents):
+        return
+    with pytest.raises(LayoutMismatch, match=f"entry 'e{bad}' has {copies[bad].rows} rows"):
+        plan_runs(copies, NUM_BLOCKS)
+
+
+def test_a_copy_beyond_the_region_is_named() -> None:
+    copies = copies_of([[Extent(0, 4)], [Extent(NUM_BLOCKS - 2, 3)]])
+    with pytest.raises(LayoutMismatch, match="entry 'e1' has extents .* beyond the region's 4096 blocks"):
+        plan_runs(copies, NUM_BLOCKS)
+
+
+def test_an_empty_batch_plans_nothing() -> None:
+    runs = plan_runs([], NUM_BLOCKS)
+    assert runs.total_rows == 0 and len(runs.starts) == 0 and runs.rows == []
