@@ -19,32 +19,33 @@ It also prints the CPU an idle agent burns with and without its progress thread.
 from __future__ import annotations
 
 import argparse
-import multiprocessing as mp
 import os
 import random
-import shutil
 import statistics
 import sys
 import time
-import uuid
 from pathlib import Path
 
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench.common import (  # noqa: E402
+    Child,
+    MiB,
+    local_copy_gibs,
+    pattern,
+    scratch_shm_dir,
+    wait_for_stop,
+    wait_read,
+)
 from ec_connector.adapters.shm import ShmRegion  # noqa: E402
 from ec_connector.domain.layout import Layout  # noqa: E402
 from ec_connector.ports.peer import ReadState  # noqa: E402
 
-MiB = 1 << 20
 PAYLOADS_MIB = (1, 9, 32)
 RUNS = (1, 64)
 AREA = Layout(hidden_dim=512, dtype="bfloat16", num_blocks=80 * 1024)  # 1 KiB rows, 80 MiB
-
-
-def pattern(nbytes: int, seed: int = 7) -> np.ndarray:
-    return np.random.default_rng(seed).integers(0, 256, nbytes, dtype=np.uint8)
 
 
 def producer_main(name: str, mode: str, shm_dir: str, conn) -> None:  # runs in the spawned child
@@ -56,7 +57,7 @@ def producer_main(name: str, mode: str, shm_dir: str, conn) -> None:  # runs in 
     view.release()
     transport = NixlPeerTransport(region, agent_name=name, ucx_error_mode=mode, progress_thread=True)
     conn.send(transport.agent_metadata())
-    conn.recv()  # until the parent is done
+    wait_for_stop(conn)  # until the parent is done
     transport.close()
     region.close()
 
@@ -76,11 +77,11 @@ def layouts(
 def timed_read(transport, peer: str, remote, local, timeout_s: float = 30.0) -> float:
     t0 = time.perf_counter()
     handle = transport.start_read(peer, remote, local)
-    while (state := transport.read_state(handle)) is ReadState.PENDING:
-        if time.perf_counter() - t0 > timeout_s:
-            raise TimeoutError("READ still pending")
+    state, _ = wait_read(transport, handle, bound_s=timeout_s)
     dt = time.perf_counter() - t0
     transport.release(handle)
+    if state is ReadState.PENDING:
+        raise TimeoutError("READ still pending")
     if state is not ReadState.DONE:
         raise RuntimeError(f"READ ended {state}")
     return dt
@@ -99,25 +100,12 @@ def verify(region: ShmRegion, remote, local, src: np.ndarray) -> None:
         view.release()
 
 
-def local_copy_gibs(payload: int, reps: int) -> float:
-    a = np.ones(payload, dtype=np.uint8)
-    b = np.zeros(payload, dtype=np.uint8)
-    times = []
-    for _ in range(reps + 1):
-        t0 = time.perf_counter()
-        np.copyto(b, a)
-        times.append(time.perf_counter() - t0)
-    return payload / statistics.median(times[1:]) / 2**30
-
-
 def run_mode(mode: str, pthread: bool, args, shm_dir: Path) -> list[tuple]:
     from ec_connector.adapters.nixl_data import NixlPeerTransport
 
-    ctx = mp.get_context("spawn")
-    ours, theirs = ctx.Pipe()
     peer = f"bench-prod-{mode}"
-    proc = ctx.Process(target=producer_main, args=(peer, mode, str(shm_dir), theirs), daemon=True)
-    proc.start()
+    producer = Child(producer_main, peer, mode, str(shm_dir))
+    metadata = producer.start()
     region = ShmRegion.open(
         instance=f"bench-cons-{mode}", dp_rank=0, layout=AREA, shm_dir=shm_dir, populate=True
     )
@@ -127,10 +115,8 @@ def run_mode(mode: str, pthread: bool, args, shm_dir: Path) -> list[tuple]:
     src = pattern(AREA.data_bytes)
     rows = []
     try:
-        if not ours.poll(120):
-            raise TimeoutError("producer did not start")
         t0 = time.perf_counter()
-        transport.add_peer(peer, ours.recv())
+        transport.add_peer(peer, metadata)
         added = time.perf_counter() - t0
         first = timed_read(transport, peer, [(0, 4 * MiB)], [(0, 4 * MiB)])
         label = f"{mode}, consumer progress thread {'on' if pthread else 'off'}"
@@ -148,8 +134,7 @@ def run_mode(mode: str, pthread: bool, args, shm_dir: Path) -> list[tuple]:
     finally:
         transport.close()
         region.close()
-        ours.send("stop")
-        proc.join(30)
+        producer.stop()
     return rows
 
 
@@ -181,9 +166,7 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=9)
     ap.add_argument("--warmup", type=int, default=2)
     args = ap.parse_args()
-    shm_dir = Path("/dev/shm") / f"ec_bench_{uuid.uuid4().hex[:8]}"
-    shm_dir.mkdir(mode=0o700)
-    try:
+    with scratch_shm_dir() as shm_dir:
         print(f"UCX_TLS={os.environ.get('UCX_TLS', '(unset)')}  cpus={os.cpu_count()}", flush=True)
         for pthread in (False, True):
             print(
@@ -197,8 +180,6 @@ def main() -> None:
             for pthread in args.consumer_progress_thread
             for row in run_mode(mode, pthread == "on", args, shm_dir)
         ]
-    finally:
-        shutil.rmtree(shm_dir, ignore_errors=True)
     print(f"{'mode':<5} {'pthr':>4} {'MiB':>4} {'runs':>4} {'ms':>8} {'GiB/s':>7} {'local copy GiB/s':>17}")
     for mode, pthread, mib, runs, ms, gibs in rows:
         local = local_copy_gibs(mib * MiB, 5)
