@@ -17,12 +17,11 @@ $(STAMP): requirements/base.txt requirements/dev.txt requirements/p2p.txt pyproj
 	rm -f $(VENV)/.installed-*
 	touch $@
 
-# One real vLLM engine reloading repeated images from the CPU tier, then two real vLLM servers on
-# loopback: an encoder-only producer and a consumer that pulls the producer's encodings over NIXL.
-# `ec-connector demo` runs the local tier without vLLM.
+# `ec-connector demo`: one real vLLM engine reloading repeated images from the CPU tier, then two
+# real vLLM servers on loopback: an encoder-only producer and a consumer that pulls the producer's
+# encodings over NIXL (examples/). `ec-connector demo --synthetic` runs the local tier without vLLM.
 demo: $(STAMP) vllm-env
-	.venv-vllm/bin/python examples/local_tier_engine.py
-	.venv-vllm/bin/python examples/e_pd_orchestrator.py
+	$(BIN)/ec-connector demo
 
 # The real-engine tests need vLLM's CPU build in its own venv (.venv-vllm, ~3.6 GB, ~5 min once).
 vllm-env: $(STAMP)

@@ -189,8 +189,9 @@ def as_bytes(t: torch.Tensor) -> torch.Tensor:
 
 
 class Bench:
-    def __init__(self, args: argparse.Namespace) -> None:
+    def __init__(self, args: argparse.Namespace, progress: Callable[[str], None] | None = None) -> None:
         self.args = args
+        self.progress = progress or (lambda _line: None)
         self.dev = Device(args.device)
         self.tickets = itertools.count(1)
         self.rows: list[Row] = []
@@ -231,6 +232,7 @@ class Bench:
                 rows = entry_rows(entry, row_bytes)
                 placement = PLACE[layout](num_blocks, rows, batch, rng)
                 self.measure(copier, check_rows, host_rows, width, entry, layout, rows, placement, gen)
+                self.progress(f"{row_bytes // 1024} KiB rows, {entry}, {layout}, batch {batch}")
         finally:
             del check_rows
             if reg is not None:
@@ -455,7 +457,7 @@ def summary(rows: list[Row]) -> list[str]:
     return lines
 
 
-def main(argv: list[str] | None = None) -> None:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -479,12 +481,21 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument("--json", type=Path, default=None, help="write every number here")
     args = parser.parse_args(argv)
-    entries = tuple(args.entries or (("64rows", "1MiB") if args.quick else ENTRIES))
-    layouts = tuple(args.layouts or LAYOUTS)
-    widths = tuple(args.widths or WIDTHS)
+    args.entries = tuple(args.entries or (("64rows", "1MiB") if args.quick else ENTRIES))
+    args.layouts = tuple(args.layouts or LAYOUTS)
+    args.widths = tuple(args.widths or WIDTHS)
     args.reps = args.reps or (3 if args.quick else 7)
+    return args
 
-    bench = Bench(args)
+
+def cases(args: argparse.Namespace) -> int:
+    """How many (width, entry, layout, batch) cases `run` measures."""
+    return len(args.widths) * len(args.entries) * len(args.layouts) * len(args.batches)
+
+
+def run(args: argparse.Namespace, progress: Callable[[str], None] | None = None) -> dict[str, object]:
+    """Measure every case (printing the table as it goes); returns every number (what --json writes)."""
+    bench = Bench(args, progress)
     dev = bench.dev
     print(f"# device {dev.device}" + (f" ({torch.cuda.get_device_name(dev.device)})" if dev.cuda else ""))
     print(
@@ -500,8 +511,8 @@ def main(argv: list[str] | None = None) -> None:
         "d2h/h2d = contiguous pinned memcpy"
     )
     print(HEADER, flush=True)
-    for width in widths:
-        bench.run_width(width, entries, layouts)
+    for width in args.widths:
+        bench.run_width(width, args.entries, args.layouts)
     print()
     print(HEADER)
     for row in bench.rows:
@@ -509,16 +520,19 @@ def main(argv: list[str] | None = None) -> None:
     print()
     for line in summary(bench.rows):
         print(line)
+    return {
+        "device": str(dev.device),
+        "name": torch.cuda.get_device_name(dev.device) if dev.cuda else "cpu",
+        "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
+        "rows": [asdict(r) | {"save_ratio": r.save_ratio, "load_ratio": r.load_ratio} for r in bench.rows],
+        "alternatives": bench.alternatives,
+    }
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    payload = run(args)
     if args.json:
-        payload = {
-            "device": str(dev.device),
-            "name": torch.cuda.get_device_name(dev.device) if dev.cuda else "cpu",
-            "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
-            "rows": [
-                asdict(r) | {"save_ratio": r.save_ratio, "load_ratio": r.load_ratio} for r in bench.rows
-            ],
-            "alternatives": bench.alternatives,
-        }
         args.json.write_text(json.dumps(payload, indent=1))
 
 

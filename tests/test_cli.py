@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -20,7 +23,7 @@ def _cli(*args: str) -> subprocess.CompletedProcess[str]:
 
 
 def test_demo_reloads_verified_embeddings_and_removes_its_region(tmp_path):
-    result = _cli("demo", "--requests", "12", "--images", "4", "--shm-dir", str(tmp_path))
+    result = _cli("demo", "--synthetic", "--requests", "12", "--images", "4", "--shm-dir", str(tmp_path))
     assert result.returncode == 0, result.stderr
     out = result.stdout
     reloaded = next(line for line in out.splitlines() if "reloaded from tier" in line)
@@ -32,7 +35,7 @@ def test_demo_reloads_verified_embeddings_and_removes_its_region(tmp_path):
 
 
 def test_user_mistakes_exit_2_without_a_traceback():
-    result = _cli("demo", "--requests", "0")
+    result = _cli("demo", "--synthetic", "--requests", "0")
     assert result.returncode == 2
     assert "Traceback" not in result.stderr
     assert "not > 0" in result.stderr
@@ -40,7 +43,7 @@ def test_user_mistakes_exit_2_without_a_traceback():
 
 def test_demo_with_an_unusable_region_directory_is_a_clear_error(tmp_path):
     missing = tmp_path / "nope"
-    result = _cli("demo", "--requests", "2", "--shm-dir", str(missing))
+    result = _cli("demo", "--synthetic", "--requests", "2", "--shm-dir", str(missing))
     assert result.returncode == 2, result.stdout + result.stderr
     assert "Traceback" not in result.stderr
     assert str(missing) in result.stderr
@@ -94,3 +97,64 @@ def test_regions_gc_removes_an_orphan_of_a_sigkilled_process_and_refuses_a_live_
         import shutil
 
         shutil.rmtree(shm, ignore_errors=True)
+
+
+def test_synthetic_options_without_synthetic_are_refused():
+    result = _cli("demo", "--requests", "3")
+    assert result.returncode == 2
+    assert "Traceback" not in result.stderr
+    assert "--requests apply to --synthetic only" in result.stderr
+
+
+def test_real_engine_demo_without_vllm_says_how_to_get_it(tmp_path):
+    result = _cli("demo", "--vllm-python", str(tmp_path / "no-python"))
+    assert result.returncode == 2
+    assert "Traceback" not in result.stderr
+    assert "--vllm-python" in result.stderr and "no such file" in result.stderr
+
+
+def test_bench_cache_writes_json_and_png(tmp_path):
+    vllm_python = ROOT / ".venv-vllm" / "bin" / "python"
+    if not vllm_python.exists():
+        pytest.skip(
+            "bench cache compares against vLLM's EmbeddingCache: build .venv-vllm (tools/setup_vllm_env.sh)"
+        )
+    result = _cli("bench", "cache", "--quick", "--out", str(tmp_path))
+    assert result.returncode == 0, result.stdout + result.stderr
+    figures = json.loads((tmp_path / "cache.json").read_text())
+    assert not figures.get("skipped")
+    png = (tmp_path / "cache.png").read_bytes()
+    assert png.startswith(b"\x89PNG") and len(png) > 10_000
+
+
+def test_copy_plot_from_a_real_cpu_run(tmp_path):
+    sys.path.insert(0, str(ROOT))
+    from bench import copy_bandwidth, plots
+
+    options = copy_bandwidth.parse_args(
+        [
+            "--device",
+            "cpu",
+            "--quick",
+            "--widths",
+            "1024",
+            "--batches",
+            "1",
+            "--layouts",
+            "churn",
+            "--reps",
+            "1",
+        ]
+    )
+    steps: list[str] = []
+    result = copy_bandwidth.run(options, steps.append)
+    assert len(steps) == copy_bandwidth.cases(options) == 2
+    assert all(row["save_gbs"] > 0 and row["load_gbs"] > 0 for row in result["rows"])
+    plots.copy(result, tmp_path / "copy.png")
+    assert (tmp_path / "copy.png").read_bytes().startswith(b"\x89PNG")
+
+
+def test_bench_of_an_unknown_kind_is_a_usage_error():
+    result = _cli("bench", "disk")
+    assert result.returncode == 2
+    assert "invalid choice: 'disk'" in result.stderr

@@ -117,11 +117,11 @@ fi
 VLLM_OWNS=(setuptools numpy)
 req="$(mktemp)"
 trap 'rm -f "$req"' EXIT
-cat "$ROOT/requirements/base.txt" "$ROOT/requirements/dev.txt" | grep -v '^-r ' >"$req"
+cat "$ROOT/requirements/base.txt" "$ROOT/requirements/bench.txt" "$ROOT/requirements/dev.txt" | grep -v '^-r ' >"$req"
 for name in "${VLLM_OWNS[@]}"; do
     sed -i -E "/^${name}([=<>!~ ;[]|$)/Id" "$req"
 done
-log "installing requirements/{base,dev}.txt (less ${VLLM_OWNS[*]}) and ec_connector (editable)"
+log "installing requirements/{base,bench,dev}.txt (less ${VLLM_OWNS[*]}) and ec_connector (editable)"
 "${PIP[@]}" install -r "$req"
 "${PIP[@]}" install --no-deps --no-build-isolation -e "$ROOT"
 log "installing requirements/p2p.txt (nixl, --no-deps)"

@@ -22,25 +22,43 @@ def _parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     demo = sub.add_parser(
         "demo",
-        help="run the local CPU tier on a simulated encoder workload and show what it saved",
+        help="run the demo: real vLLM engines (or --synthetic: the tier alone, no vLLM)",
         description=(
-            "Drive the tier's scheduler and worker services the way vLLM's hooks do: a stream of "
-            "requests with repeated images; misses run a CPU 'vision encoder', hits reload from a "
-            "real /dev/shm region. Every reloaded embedding is compared with a fresh encoding."
+            "Without --synthetic: the README's demo on real vLLM engines (a tiny random-weight "
+            "Qwen2-VL): one ec_both engine reloading repeated images from the /dev/shm tier, then an "
+            "encoder-only producer server and a consumer server pulling its encodings over NIXL. "
+            "With --synthetic: drive the tier's scheduler and worker services the way vLLM's hooks "
+            "do, without vLLM: a stream of requests with repeated images; misses run a CPU 'vision "
+            "encoder', hits reload from a real /dev/shm region, each reload compared with a fresh "
+            "encoding."
         ),
     )
-    demo.add_argument("--synthetic", action="store_true", help="simulated engine (the default)")
-    demo.add_argument("--requests", type=_positive, default=48, help="requests to serve (48)")
-    demo.add_argument("--images", type=_positive, default=16, help="distinct images (16)")
-    demo.add_argument("--cpu-mib", type=_positive, default=3, help="tier size in MiB (3)")
-    demo.add_argument("--seed", type=int, default=0, help="workload seed (0)")
-    demo.add_argument("--shm-dir", default="/dev/shm", help="where the region file lives")
-    demo.add_argument("--json-logs", action="store_true", help="render logs as JSON")
-    demo.add_argument("-v", "--verbose", action="store_true", help="log every tier event")
-    from ec_connector.cli.regions import add_parser
+    demo.add_argument("--synthetic", action="store_true", help="simulated engine, no vLLM needed")
+    demo.add_argument(
+        "--part",
+        dest="parts",
+        action="append",
+        choices=("local", "p2p"),
+        help="real-engine demo: run only this part (repeatable; default both)",
+    )
+    demo.add_argument("--vllm-python", help="real-engine demo: interpreter with vLLM (default .venv-vllm)")
+    synthetic = demo.add_argument_group("--synthetic options")
+    synthetic.add_argument("--requests", type=_positive, default=None, help="requests to serve (48)")
+    synthetic.add_argument("--images", type=_positive, default=None, help="distinct images (16)")
+    synthetic.add_argument("--cpu-mib", type=_positive, default=None, help="tier size in MiB (3)")
+    synthetic.add_argument("--seed", type=int, default=None, help="workload seed (0)")
+    synthetic.add_argument("--shm-dir", default=None, help="where the region file lives (/dev/shm)")
+    synthetic.add_argument("--json-logs", action="store_true", help="render logs as JSON")
+    synthetic.add_argument("-v", "--verbose", action="store_true", help="log every tier event")
+    from ec_connector.cli.bench import add_parser as add_bench
+    from ec_connector.cli.regions import add_parser as add_regions
 
-    add_parser(sub)
+    add_regions(sub)
+    add_bench(sub)
     return parser
+
+
+SYNTHETIC_DEFAULTS = {"requests": 48, "images": 16, "cpu_mib": 3, "seed": 0, "shm_dir": "/dev/shm"}
 
 
 def _positive(text: str) -> int:
@@ -54,16 +72,32 @@ def _positive(text: str) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    parser = _parser()
+    args = parser.parse_args(argv)
     try:
         if args.command == "demo":
-            from ec_connector.cli.demo import run_demo
+            given = [k for k in SYNTHETIC_DEFAULTS if getattr(args, k) is not None]
+            if args.synthetic:
+                from ec_connector.cli.demo import run_demo
 
-            return run_demo(args)
+                for key, value in SYNTHETIC_DEFAULTS.items():
+                    if getattr(args, key) is None:
+                        setattr(args, key, value)
+                return run_demo(args)
+            if given or args.json_logs or args.verbose:
+                flags = ", ".join("--" + k.replace("_", "-") for k in given) or "--json-logs/--verbose"
+                parser.error(f"demo: {flags} apply to --synthetic only")
+            from ec_connector.cli.engines_demo import run_engines_demo
+
+            return run_engines_demo(args)
         if args.command == "regions":
             from ec_connector.cli.regions import run_regions
 
             return run_regions(args)
+        if args.command == "bench":
+            from ec_connector.cli.bench import run_bench
+
+            return run_bench(args)
     except (ECConnectorError, ValueError) as err:
         print(f"ec-connector {args.command}: error: {err}", file=sys.stderr)
         return EXIT_USAGE
