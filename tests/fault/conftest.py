@@ -16,6 +16,7 @@ count they had before the test.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -143,9 +144,9 @@ class ProducerProcess:
 
     def stop(self) -> None:
         """Shut down cleanly (region unlinked, agent closed); kill if it does not answer."""
-        if self.proc.poll() is not None:
-            return
         try:
+            if self.proc.poll() is not None:
+                return
             assert self.proc.stdin is not None
             self.proc.stdin.write(json.dumps({"op": "stop"}) + "\n")
             self.proc.stdin.flush()
@@ -301,6 +302,14 @@ def resources() -> tuple[int, int]:
     return len(os.listdir("/proc/self/fd")), len(os.listdir("/proc/self/task"))
 
 
+def open_fds() -> list[str]:
+    out = []
+    for fd in sorted(os.listdir("/proc/self/fd"), key=int):
+        with contextlib.suppress(OSError):
+            out.append(f"{fd}->{os.readlink(f'/proc/self/fd/{fd}')}")
+    return out
+
+
 @pytest.fixture(scope="session")
 def warm_nixl() -> None:
     """Load NIXL/UCX once so the per-test resource baseline excludes one-time library state."""
@@ -353,5 +362,7 @@ def world(shm_dir: Path) -> Iterator[dict[str, Any]]:
     deadline = time.monotonic() + 5
     while resources() != (fds, threads) and time.monotonic() < deadline:
         time.sleep(0.05)  # ZMQ's and UCX's threads end asynchronously
-    assert resources() == (fds, threads), f"(fds, threads) before {(fds, threads)}, after {resources()}"
+    assert resources() == (fds, threads), (
+        f"(fds, threads) before {(fds, threads)}, after {resources()}; open now: {open_fds()}"
+    )
     assert threading.active_count() == py_threads
