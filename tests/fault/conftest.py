@@ -73,29 +73,11 @@ def free_port(host: str = "127.0.0.1") -> int:
         return s.getsockname()[1]
 
 
-class ProducerProcess:
-    """tests/fault/peer_producer.py in a child process (optionally under a command prefix)."""
+class DrivenProcess:
+    """A child process driven over its stdin/stdout (JSON lines, replies prefixed "@@ ")."""
 
-    def __init__(
-        self,
-        name: str,
-        shm_dir: Path,
-        *,
-        host: str = "127.0.0.1",
-        port: int | None = None,
-        cpu_bytes: int = 256 * ROW_BYTES,
-        extra: dict[str, Any] | None = None,
-        secret: str | None = None,
-        prefix: tuple[str, ...] = (),
-        env: dict[str, str] | None = None,
-    ) -> None:
+    def __init__(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> None:
         self.name = name
-        self.host = host
-        self.port = port or free_port(host if not prefix else "127.0.0.1")
-        argv = [*prefix, PYTHON, str(SCRIPT), name, host, str(self.port), str(shm_dir), str(cpu_bytes)]
-        argv.append(json.dumps(extra or {}))
-        if secret is not None:
-            argv.append(secret)
         self.proc = subprocess.Popen(
             argv,
             cwd=ROOT,
@@ -106,7 +88,6 @@ class ProducerProcess:
             env={**os.environ, **(env or {})},
         )
         self.hello = self._read(120)
-        self.agent = self.hello["agent"]
 
     def _read(self, timeout_s: float = 30.0) -> dict:
         assert self.proc.stdout is not None
@@ -114,10 +95,10 @@ class ProducerProcess:
         while time.monotonic() < deadline:
             line = self.proc.stdout.readline()
             if not line:
-                raise AssertionError(f"producer {self.name} exited with {self.proc.wait(10)}")
+                raise AssertionError(f"process {self.name} exited with {self.proc.wait(10)}")
             if line.startswith("@@ "):
                 return json.loads(line[3:])
-        raise AssertionError(f"producer {self.name} did not answer within {timeout_s} s")
+        raise AssertionError(f"process {self.name} did not answer within {timeout_s} s")
 
     def call(self, op: str, **args: Any) -> Any:
         assert self.proc.stdin is not None
@@ -126,13 +107,6 @@ class ProducerProcess:
         got = self._read()
         assert "error" not in got, got["error"]
         return got["ok"]
-
-    def store(self, key: str, rows: int) -> dict:
-        assert self.call("store", key=key, rows=rows)["stored"], f"{key} was not stored"
-        return self.call("publish", keys=[key])
-
-    def state(self) -> dict:
-        return self.call("state")
 
     def signal(self, sig: int) -> None:
         os.kill(self.proc.pid, sig)
@@ -158,6 +132,39 @@ class ProducerProcess:
             for stream in (self.proc.stdin, self.proc.stdout):
                 if stream is not None:
                     stream.close()
+
+
+class ProducerProcess(DrivenProcess):
+    """tests/fault/peer_producer.py in a child process (optionally under a command prefix)."""
+
+    def __init__(
+        self,
+        name: str,
+        shm_dir: Path,
+        *,
+        host: str = "127.0.0.1",
+        port: int | None = None,
+        cpu_bytes: int = 256 * ROW_BYTES,
+        extra: dict[str, Any] | None = None,
+        secret: str | None = None,
+        prefix: tuple[str, ...] = (),
+        env: dict[str, str] | None = None,
+    ) -> None:
+        self.host = host
+        self.port = port or free_port(host if not prefix else "127.0.0.1")
+        argv = [*prefix, PYTHON, str(SCRIPT), name, host, str(self.port), str(shm_dir), str(cpu_bytes)]
+        argv.append(json.dumps(extra or {}))
+        if secret is not None:
+            argv.append(secret)
+        super().__init__(name, argv, env)
+        self.agent = self.hello["agent"]
+
+    def store(self, key: str, rows: int) -> dict:
+        assert self.call("store", key=key, rows=rows)["stored"], f"{key} was not stored"
+        return self.call("publish", keys=[key])
+
+    def state(self) -> dict:
+        return self.call("state")
 
 
 class ConsumerSide:
