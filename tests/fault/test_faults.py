@@ -76,6 +76,7 @@ def test_nack_version_a_consumer_of_another_protocol_version_falls_back(world, m
     assert_producer_clean(producer)
 
 
+@pytest.mark.fault_long
 def test_nack_internal_an_entry_too_fragmented_for_one_ack_is_not_announced_nor_left_pinned(world) -> None:
     # 2 x 4097 one-row entries, every second one announced (so not evictable): the next 4097-row
     # entry evicts the others and is spread over 4097 runs, more than an ack may carry.

@@ -21,7 +21,7 @@ import pytest
 
 from .conftest import CONSUMER_EXTRA, PYTHON, DrivenProcess, ProducerProcess, needs_nixl
 
-pytestmark = needs_nixl
+pytestmark = [needs_nixl, pytest.mark.fault_long]
 
 PRODUCER_IP, CONSUMER_IP = "10.231.7.1", "10.231.7.2"
 READ_BOUND = CONSUMER_EXTRA["consumer_ack_timeout_s"] + CONSUMER_EXTRA["read_timeout_s"]
