@@ -52,10 +52,13 @@ def in_runs(rows: int, runs: int, gap: int) -> tuple[list[tuple[Extent, ...]], i
 
 
 def cases(rng: random.Random) -> list[tuple[str, int, int, list[tuple[Extent, ...]], int]]:
-    """(name, width, rows, extents per entry, region blocks)."""
+    """(name, width, rows, extents per entry, region blocks); "one output": payloads are views of one
+    tensor (as an encoder's per-item outputs are), so touching runs may be joined on saves too."""
     out = []
     for name, width, rows, runs, gap in (
         ("64 rows x 7 KiB, 1 run", 3584, 64, 1, 0),
+        ("64 rows x 7 KiB, 1 run, one output", 3584, 64, 1, 0),
+        ("64 rows x 7 KiB, 1 run, gaps", 3584, 64, 1, 1),
         ("64 rows x 7 KiB, 3 runs", 3584, 64, 3, 1),
         ("64 rows x 2 KiB, 1 run", 1024, 64, 1, 0),
         ("1 MiB of 7 KiB rows, 2 runs", 3584, 146, 2, 5),
@@ -85,7 +88,10 @@ def measure(name: str, width: int, rows: int, extents: list, blocks: int, iters:
     layout = Layout(hidden_dim=width, dtype="bfloat16", num_blocks=blocks)
     region = MemoryRegion(layout)
     copier = TorchCopier(region, device="cuda")
-    payloads = [torch.randn(rows, width, device="cuda").to(torch.bfloat16) for _ in extents]
+    if name.endswith("one output"):
+        payloads = list(torch.randn(rows * len(extents), width, device="cuda").to(torch.bfloat16).split(rows))
+    else:
+        payloads = [torch.randn(rows, width, device="cuda").to(torch.bfloat16) for _ in extents]
     tickets = iter(range(1, 1 << 60))
 
     def save() -> float:
@@ -192,7 +198,7 @@ def main(argv: list[str] | None = None) -> None:
             rows.append(r)
             sv, ld = r["save"], r["load"]
             print(
-                f"{name:32s} runs {r['runs']:5d}  "
+                f"{name:36s} runs {r['runs']:5d}  "
                 f"save {sv['median_us']:7.1f} us ({sv['p10_us']:.0f}-{sv['p90_us']:.0f})  "
                 f"load {ld['median_us']:7.1f} us ({ld['p10_us']:.0f}-{ld['p90_us']:.0f})  "
                 f"plan {r['plan_us']:6.1f} us  bytes {'ok' if r['bytes_ok'] else 'WRONG'}",

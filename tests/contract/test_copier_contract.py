@@ -315,3 +315,33 @@ def test_any_disjoint_extents_round_trip(
     out = copier.load(loads)
     assert [kit.to_bytes(p) for p in out] == [kit.to_bytes(p) for p in payloads]
     assert sorted(drain(copier)) == sorted(c.ticket for c in loads)
+
+
+def test_entries_split_from_one_output_into_touching_extents_round_trip(
+    kit: Kit, region: Region, copier: Copier
+) -> None:
+    """An encoder's batch output split per item, placed back to back: copiers may join such runs."""
+    rows = [5, 7, 3, 9, 1, 6, 4, 8]
+    whole = kit.payload(sum(rows), seed=77)
+    if isinstance(whole, torch.Tensor):
+        payloads: list[object] = list(whole.split(rows))  # views of one allocation
+    else:
+        raw, row_bytes, out = kit.to_bytes(whole), len(kit.to_bytes(whole)) // sum(rows), []
+        for a, b in itertools.pairwise(itertools.accumulate(rows, initial=0)):
+            out.append(
+                HostPayload(LAYOUT.dtype, b - a, LAYOUT.hidden_dim, raw[a * row_bytes : b * row_bytes])
+            )
+        payloads = out
+    extents, pos = [], 30
+    for i, n in enumerate(rows):
+        extents.append((Extent(pos, n),))
+        pos += n + (3 if i == 4 else 0)  # one gap: two groups of touching runs
+    saves = [planned(e, key=f"t{i}") for i, e in enumerate(extents)]
+    copier.save([SaveJob(c, p) for c, p in zip(saves, payloads, strict=True)])
+    assert sorted(drain(copier)) == sorted(c.ticket for c in saves)
+    for e, p in zip(extents, payloads, strict=True):
+        assert region_bytes(region, e) == kit.to_bytes(p)
+    loads = [planned(e) for e in extents]
+    out = copier.load(loads)
+    assert [kit.to_bytes(p) for p in out] == [kit.to_bytes(p) for p in payloads]
+    assert sorted(drain(copier)) == sorted(c.ticket for c in loads)
