@@ -3,16 +3,39 @@
 Nothing is configured on import. `configure_logging()` renders each event to one line (logfmt, or
 JSON on request) and hands it to a stdlib logger, so the host process (vLLM) owns the handlers.
 Loggers are not cached on first use, so they survive pickling and new processes.
+
+Inside vLLM the connector reads its options from the environment (`options_from_env`):
+`VLLM_EC_LOG_JSON` ("true", "1", "yes" in any case render JSON; anything else logfmt) and
+`VLLM_EC_LOG_LEVEL` (a logging level name, default INFO). Both are inherited by every process
+vLLM starts, so one setting covers the API server, EngineCore and the workers.
 """
 
 from __future__ import annotations
 
 import logging
 import sys
+from collections.abc import Mapping
+from typing import Any
 
 import structlog
 
 _configured: tuple[bool, int] | None = None
+
+JSON_ENV = "VLLM_EC_LOG_JSON"
+LEVEL_ENV = "VLLM_EC_LOG_LEVEL"
+_TRUE = frozenset({"true", "1", "yes"})
+_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+
+
+def options_from_env(environ: Mapping[str, str]) -> dict[str, Any]:
+    """`configure_logging` keyword arguments from VLLM_EC_LOG_JSON and VLLM_EC_LOG_LEVEL."""
+    json = environ.get(JSON_ENV, "").strip().lower() in _TRUE
+    level = environ.get(LEVEL_ENV, "INFO").strip().upper()
+    if level not in _LEVELS:
+        raise ValueError(
+            f"{LEVEL_ENV} = {environ[LEVEL_ENV]!r} is invalid: expected one of {', '.join(_LEVELS)}"
+        )
+    return {"json": json, "level": level}
 
 
 def configure_logging(*, json: bool = False, level: int | str = logging.INFO) -> None:

@@ -9,6 +9,11 @@ done within `read_timeout_s`, or NACK_NOT_READY for longer than `not_ready_give_
 local encoding. NACK_NOT_READY keeps the reservation (retried with backoff); a READ given up on
 leaves its blocks quarantined, since a DMA may still write them. A request whose media were
 rewritten away and whose item cannot be fetched is reported by `take_unavailable`.
+
+Each fetch ends with exactly one INFO line, `peer_transfer`, whatever its outcome: `read` (the
+bytes are here), `fallback` (encode locally; `reason` says why) or `unavailable` (a request
+waiting for it has no media to encode: it is failed). It carries the item, the request that
+started the fetch, the peer, bytes, runs, XferReqs sent, and ack/read/total milliseconds.
 """
 
 from __future__ import annotations
@@ -16,8 +21,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import Enum
+from typing import Any
 
 import structlog
+from structlog.contextvars import bound_contextvars
 
 from ec_connector.application.scheduler import TierScheduler
 from ec_connector.application.stats import PeerStats
@@ -58,9 +65,13 @@ class _Fetch:
     give_up_at: float
     backoff: float
     started: float
+    request_id: str = ""
     handle: int | None = None
     grant_id: int = 0
-    read_started: float = 0.0
+    asked: int = 0
+    acked: float | None = None
+    runs: int = 0
+    read_started: float | None = None
     waiting_without_media: set[str] = field(default_factory=set)
 
 
@@ -107,7 +118,11 @@ class ConsumerFetcher:
                     pending = True
                     continue
                 ref = refs.get(item.key)
-                if ref is not None and item.key not in self._fell_back and self._start(ref, item, now):
+                if (
+                    ref is not None
+                    and item.key not in self._fell_back
+                    and self._start(ref, item, now, request_id)
+                ):
                     if not item.has_media:
                         self._fetches[item.key].waiting_without_media.add(request_id)
                     pending = True
@@ -124,9 +139,11 @@ class ConsumerFetcher:
                 if reply.ack is None:
                     self._peer_lost(reply.address)
                 else:
-                    self._on_ack(reply.address, reply.ack, now)
+                    fetch = self._fetches.get(reply.ack.mm_hash)
+                    with self._bound(reply.ack.mm_hash, fetch):
+                        self._on_ack(reply.address, reply.ack, now)
             for key, fetch in list(self._fetches.items()):
-                self._progress(key, fetch, now)
+                self._progress(key, fetch, now)  # its lines name the fetch themselves
             horizon = now - self._config.announce_lease_s
             self._fell_back = {k: t for k, t in self._fell_back.items() if t > horizon}
 
@@ -147,37 +164,54 @@ class ConsumerFetcher:
             log.warning("transfer_params_rejected", request_id=request_id, reason=str(err))
             return {}
 
-    def _start(self, ref: PeerRef, item: WantedItem, now: float) -> bool:
-        layout = self._tier.layout
-        if ref.size_bytes != item.rows * layout.block_size_bytes:
-            self.stats.bad_params += 1
-            log.warning("transfer_size_mismatch", mm_hash=item.key, size=ref.size_bytes, rows=item.rows)
-            return False
-        if item.key in self._tier.table:
-            return False  # a local save of the same item is in flight
-        lease = self._config.consumer_ack_timeout_s + self._config.not_ready_give_up_s
-        reservation = self._tier.table.reserve(
-            item.key, item.rows, now=now, lease_s=lease + self._config.read_timeout_s
-        )
-        if reservation is None:
-            self._fall_back(item.key, now, "region_full")
-            return False
-        self._tier.account_evictions(reservation.evicted)
-        self._fetches[item.key] = _Fetch(
-            ref=ref,
-            rows=item.rows,
-            state=_State.ASKING,
-            deadline=now + self._config.consumer_ack_timeout_s,
-            give_up_at=now + self._config.not_ready_give_up_s,
-            backoff=self._config.not_ready_backoff_s,
-            started=now,
-        )
-        self._ask(ref)
-        return True
+    def _bound(self, key: str, fetch: _Fetch | None, request_id: str | None = None) -> Any:
+        """Log context of one fetch: every line logged inside names the item, request and peer."""
+        context: dict[str, object] = {"role": self._config.role.value, "engine_id": self._engine_id}
+        context["mm_hash"] = key
+        if fetch is not None:
+            context["request_id"] = fetch.request_id
+            context["peer"] = _peer(fetch.ref)
+        elif request_id is not None:
+            context["request_id"] = request_id
+        return bound_contextvars(**context)
 
-    def _ask(self, ref: PeerRef) -> None:
-        req = XferReq(PROTOCOL_VERSION, ref.mm_hash, self._fingerprint, self._engine_id)
-        self._control.send(ref.address, req)
+    def _start(self, ref: PeerRef, item: WantedItem, now: float, request_id: str) -> bool:
+        with self._bound(item.key, None, request_id):
+            layout = self._tier.layout
+            if ref.size_bytes != item.rows * layout.block_size_bytes:
+                self.stats.bad_params += 1
+                log.warning("transfer_size_mismatch", size=ref.size_bytes, rows=item.rows, peer=_peer(ref))
+                return False
+            if item.key in self._tier.table:
+                return False  # a local save of the same item is in flight
+            lease = self._config.consumer_ack_timeout_s + self._config.not_ready_give_up_s
+            reservation = self._tier.table.reserve(
+                item.key, item.rows, now=now, lease_s=lease + self._config.read_timeout_s
+            )
+            fetch = _Fetch(
+                ref=ref,
+                rows=item.rows,
+                state=_State.ASKING,
+                deadline=now + self._config.consumer_ack_timeout_s,
+                give_up_at=now + self._config.not_ready_give_up_s,
+                backoff=self._config.not_ready_backoff_s,
+                started=now,
+                request_id=request_id,
+                waiting_without_media=set() if item.has_media else {request_id},
+            )
+            if reservation is None:
+                self._fall_back(item.key, now, "region_full")
+                self._log_transfer(item.key, fetch, now, "region_full")
+                return False
+            self._tier.account_evictions(reservation.evicted)
+            self._fetches[item.key] = fetch
+            self._ask(fetch)
+            return True
+
+    def _ask(self, fetch: _Fetch) -> None:
+        req = XferReq(PROTOCOL_VERSION, fetch.ref.mm_hash, self._fingerprint, self._engine_id)
+        self._control.send(fetch.ref.address, req)
+        fetch.asked += 1
         self.stats.requests_sent += 1
 
     def _on_ack(self, address: PeerAddress, ack: XferAck, now: float) -> None:
@@ -187,6 +221,7 @@ class ConsumerFetcher:
             if ack.grant_id:
                 self._control.send(address, XferDone(PROTOCOL_VERSION, ack.mm_hash, ack.grant_id))
             return
+        fetch.acked = now
         step = next_step(ack.status)
         if step is NextStep.FALLBACK:
             self.stats.count_nack(ack.status.value)
@@ -221,12 +256,12 @@ class ConsumerFetcher:
                 ack.agent_name, ack.runs, self._tier.layout.byte_runs(entry.extents)
             )
         except (ConnectionError, ValueError) as err:
-            log.warning("peer_read_not_started", mm_hash=ack.mm_hash, peer=ack.agent_name, reason=str(err))
+            log.warning("peer_read_not_started", agent=ack.agent_name, reason=str(err))
             self.stats.reads_failed += 1
             self._fail(ack.mm_hash, fetch, now, "read_not_started")
             return
         fetch.state, fetch.deadline = _State.READING, now + self._config.read_timeout_s
-        fetch.read_started = now
+        fetch.read_started, fetch.runs = now, len(ack.runs)
 
     def _progress(self, key: str, fetch: _Fetch, now: float) -> None:
         if fetch.state is _State.ASKING and now >= fetch.deadline:
@@ -234,7 +269,7 @@ class ConsumerFetcher:
             self._fail(key, fetch, now, "ack_timeout")
         elif fetch.state is _State.BACKING_OFF and now >= fetch.deadline:
             fetch.state, fetch.deadline = _State.ASKING, now + self._config.consumer_ack_timeout_s
-            self._ask(fetch.ref)
+            self._ask(fetch)
         elif fetch.state is _State.READING:
             assert fetch.handle is not None
             state = self._transport.read_state(fetch.handle)
@@ -255,25 +290,19 @@ class ConsumerFetcher:
         self._tier.table.mark_ready(key)
         self.stats.reads_done += 1
         self.stats.bytes_read += fetch.ref.size_bytes
-        self.stats.latencies.observe("peer_read", now - fetch.read_started)
+        self.stats.latencies.observe("peer_read", now - (fetch.read_started or now))
         self.stats.latencies.observe("peer_fetch", now - fetch.started)
         self._tier.publish_event(EventKind.STORED, key, fetch.rows)
         self._control.send(fetch.ref.address, XferDone(PROTOCOL_VERSION, key, fetch.grant_id))
-        log.info(
-            "peer_transfer",
-            mm_hash=key,
-            peer=f"{fetch.ref.address.host}:{fetch.ref.address.port}",
-            size_bytes=fetch.ref.size_bytes,
-            seconds=round(now - fetch.started, 6),
-            outcome="read",
-        )
+        self._log_transfer(key, fetch, now)
 
     def _peer_lost(self, address: PeerAddress) -> None:
         now = self._clock.now()
         for key, fetch in list(self._fetches.items()):
             if fetch.ref.address == address and fetch.state is not _State.READING:
                 self.stats.peers_lost += 1
-                self._fail(key, fetch, now, "peer_lost")
+                with self._bound(key, fetch):
+                    self._fail(key, fetch, now, "peer_lost")
 
     def _fail(self, key: str, fetch: _Fetch, now: float, reason: str, *, quarantine: bool = False) -> None:
         del self._fetches[key]
@@ -288,15 +317,38 @@ class ConsumerFetcher:
             self._control.send(fetch.ref.address, XferDone(PROTOCOL_VERSION, key, fetch.grant_id))
         self._unavailable |= fetch.waiting_without_media
         self._fall_back(key, now, reason)
-        log.info(
-            "peer_transfer",
-            mm_hash=key,
-            peer=f"{fetch.ref.address.host}:{fetch.ref.address.port}",
-            seconds=round(now - fetch.started, 6),
-            outcome="fallback",
-            reason=reason,
-        )
+        self._log_transfer(key, fetch, now, reason)
+
+    def _log_transfer(self, key: str, fetch: _Fetch, now: float, reason: str | None = None) -> None:
+        """The one canonical line of a fetch: read (no reason), else fallback or unavailable."""
+        outcome = "unavailable" if fetch.waiting_without_media else "fallback"
+        outcome = "read" if reason is None else outcome
+        fields = {
+            "role": self._config.role.value,
+            "engine_id": self._engine_id,
+            "mm_hash": key,
+            "request_id": fetch.request_id,
+            "peer": _peer(fetch.ref),
+            "outcome": outcome,
+            "reason": reason,
+            "bytes": fetch.ref.size_bytes,
+            "runs": fetch.runs,
+            "asked": fetch.asked,
+            "ack_ms": _ms(fetch.acked - fetch.started) if fetch.acked is not None else None,
+            "read_ms": _ms(now - fetch.read_started) if fetch.read_started is not None else None,
+            "total_ms": _ms(now - fetch.started),
+            "failed_requests": sorted(fetch.waiting_without_media) if outcome == "unavailable" else None,
+        }
+        log.info("peer_transfer", **{k: v for k, v in fields.items() if v is not None})
 
     def _fall_back(self, key: str, now: float, reason: str) -> None:
         self._fell_back[key] = now
         self.stats.fallbacks += 1
+
+
+def _peer(ref: PeerRef) -> str:
+    return f"{ref.address.host}:{ref.address.port}"
+
+
+def _ms(seconds: float) -> float:
+    return round(seconds * 1000.0, 3)

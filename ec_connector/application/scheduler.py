@@ -11,7 +11,9 @@ every public method holds `lock`, and so must any other user of `table`.
 from __future__ import annotations
 
 import itertools
+import logging
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import Enum
 
@@ -28,6 +30,7 @@ from ec_connector.ports.region import Region
 from ec_connector.ports.runtime import Clock, EventSink
 
 log = structlog.get_logger(__name__)
+_debug_on = logging.getLogger(__name__).isEnabledFor  # a cheap check before per-step debug lines
 
 
 class _Kind(Enum):
@@ -76,8 +79,13 @@ class TierScheduler:
         self._planned_keys: set[str] = set()
         self._promised: set[str] = set()
         self._polled = False
+        self._grant_lapse_listeners: list[Callable[[str, int], None]] = []
         self.lock = threading.RLock()
         self.stats = TierStats()
+
+    @property
+    def engine_id(self) -> str:
+        return self._engine_id
 
     @property
     def table(self) -> EntryTable:
@@ -92,6 +100,10 @@ class TierScheduler:
         for victim in evicted:
             self.stats.evictions += 1
             self._publish(EventKind.EVICTED, victim.key, victim.rows)
+
+    def on_grant_lapsed(self, listener: Callable[[str, int], None]) -> None:
+        """Call `listener(key, grant_id)` (under `lock`) for each grant whose pin lease lapses."""
+        self._grant_lapse_listeners.append(listener)
 
     def publish_event(self, kind: EventKind, key: str, rows: int) -> None:
         """Hand a cache event to the event sink (sizes in bytes of this region's layout)."""
@@ -154,8 +166,12 @@ class TierScheduler:
             self._poll()
 
     def _poll(self) -> None:
+        before = (self.stats.saves_done, self.stats.loads_done)
         for completion in self._region.drain_completions():
             self._complete(completion)
+        saved, loaded = self.stats.saves_done - before[0], self.stats.loads_done - before[1]
+        if (saved or loaded) and _debug_on(logging.DEBUG):
+            log.debug("tier_copies_completed", saves=saved, loads=loaded, engine_id=self._engine_id)
         expiry = self._table.expire(self._clock.now(), quarantine_s=self._config.quarantine_s)
         if expiry:
             self._settle(expiry)
@@ -192,7 +208,7 @@ class TierScheduler:
         )
         if reservation is None:
             self.stats.not_offloaded += 1
-            log.info("offload_skipped_region_full", mm_hash=key, rows=rows)
+            log.debug("offload_skipped_region_full", mm_hash=key, rows=rows)  # counted: not_offloaded
             return
         self.account_evictions(reservation.evicted)
         entry = reservation.entry
@@ -262,6 +278,9 @@ class TierScheduler:
             log.warning("offload_lease_lapsed", mm_hash=key)
         self.stats.quarantines_settled += len(expiry.quarantines_settled)
         self.stats.grants_lapsed += len(expiry.grants_released)
+        for key, grant_id in expiry.grants_released:
+            for listener in self._grant_lapse_listeners:
+                listener(key, grant_id)
         for key in expiry.announcements_ended:
             entry = self._table.get(key)
             self._publish(EventKind.EXPIRED, key, entry.rows if entry else 0)

@@ -12,6 +12,7 @@ every copier and region call is made under one lock.
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Mapping, MutableMapping
@@ -25,6 +26,7 @@ from ec_connector.ports.copier import Copier
 from ec_connector.ports.region import Region
 
 log = structlog.get_logger(__name__)
+_debug_on = logging.getLogger(__name__).isEnabledFor  # a cheap check before per-batch debug lines
 
 
 class TierWorker:
@@ -78,6 +80,9 @@ class TierWorker:
             return
         for copy, buffer in zip(loads, buffers, strict=True):
             cache[copy.key] = buffer
+        if _debug_on(logging.DEBUG):
+            rows = sum(c.rows for c in loads)
+            log.debug("tier_reload_batch", rank=self._rank, entries=len(loads), rows=rows)
 
     def save(self, cache: Mapping[str, object], key: str) -> None:
         """Queue the offload of `key` if this step planned it on this rank; a no-op otherwise."""
@@ -103,6 +108,9 @@ class TierWorker:
                 batch, self._queued = self._queued, []
                 try:
                     self._copier.save(batch)
+                    if _debug_on(logging.DEBUG):
+                        rows = sum(job.copy.rows for job in batch)
+                        log.debug("tier_offload_batch", rank=self._rank, entries=len(batch), rows=rows)
                 except LayoutMismatch:
                     log.exception("offload_batch_rejected", rank=self._rank, entries=len(batch))
                     for job in batch:

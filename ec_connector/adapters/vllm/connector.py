@@ -8,6 +8,7 @@ through the shared region, so it reaches the scheduler on every model runner.
 from __future__ import annotations
 
 import logging
+import os
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -23,7 +24,7 @@ from ec_connector.adapters.vllm.metadata import ECTierMetadata, ECTierStats
 from ec_connector.application.consumer import WantedItem
 from ec_connector.container import build_container
 from ec_connector.domain.config import parse_config
-from ec_connector.logging import configure_logging
+from ec_connector.logging import configure_logging, options_from_env
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
@@ -46,7 +47,7 @@ class ECTierConnector(ECConnectorBase):
 
     def __init__(self, vllm_config: VllmConfig, role: ECConnectorRole) -> None:
         super().__init__(vllm_config=vllm_config, role=role)
-        configure_logging()
+        configure_logging(**options_from_env(os.environ))  # VLLM_EC_LOG_JSON, VLLM_EC_LOG_LEVEL
         _share_vllm_log_handlers()
         ec = vllm_config.ec_transfer_config
         config = parse_config(ec.ec_connector_extra_config, role=ec.ec_role)
