@@ -125,9 +125,8 @@ def test_runs_of_different_payloads_join_only_inside_one_allocation(shared: bool
     class Owners:  # payload 0 holds runs 0-1, payload 1 runs 2-3; all four touch on both sides
         of_run = np.array([0, 0, 1, 1], dtype=np.int64)
 
-        def same_allocation(self, a: int, b: int) -> bool:
-            assert (a, b) == (0, 1)
-            return shared
+        def storage_bases(self) -> np.ndarray:
+            return np.array([1000, 1000 if shared else 1005], dtype=np.int64)
 
     arr = lambda v: np.array(v, dtype=np.int64)  # noqa: E731
     starts, lengths, firsts, at = (

@@ -356,21 +356,24 @@ class CudaEngine:
 
 
 class _Owners:
-    """Which payload each run of a save belongs to, and whether two payloads share one allocation."""
+    """Which payload each run of a save belongs to, and where each payload's allocation begins.
+
+    A payload's storage begins at `data_ptr - storage_offset * itemsize`: views of one tensor share
+    that address, separately allocated tensors (even adjacent ones) do not.
+    """
 
     def __init__(self, runs: Runs, payloads: tuple[torch.Tensor, ...]) -> None:
         self.of_run = runs.per_run(np.arange(len(payloads)))
         self._payloads = payloads
-        self._storage: dict[int, int] = {}
 
-    def same_allocation(self, a: int, b: int) -> bool:
-        return self._address(a) == self._address(b)
+    def storage_bases(self) -> np.ndarray:
+        count = len(self._payloads)
+        pointers = np.fromiter(map(_data_ptr, self._payloads), np.int64, count)
+        offsets = np.fromiter(map(_storage_offset, self._payloads), np.int64, count)
+        return pointers - offsets * self._payloads[0].element_size()
 
-    def _address(self, payload: int) -> int:
-        address = self._storage.get(payload)
-        if address is None:
-            address = self._storage[payload] = self._payloads[payload].untyped_storage().data_ptr()
-        return address
+
+_storage_offset = torch.Tensor.storage_offset
 
 
 def _join_touching(
@@ -394,11 +397,11 @@ def _join_touching(
     if not touching.any():
         return starts, lengths, firsts, at
     if owners is not None:
-        joins = np.flatnonzero(touching)
         of_run = owners.of_run
-        for k in joins[of_run[joins] != of_run[joins + 1]].tolist():
-            if not owners.same_allocation(int(of_run[k]), int(of_run[k + 1])):
-                touching[k] = False
+        across = touching & (of_run[1:] != of_run[:-1])
+        if across.any():
+            bases = owners.storage_bases()
+            touching &= ~across | (bases[of_run[1:]] == bases[of_run[:-1]])
     heads = np.flatnonzero(np.concatenate(([True], ~touching)))
     return starts[heads], np.add.reduceat(lengths, heads), firsts[heads], at[heads]
 
