@@ -12,6 +12,7 @@ numbers) so the order in which `expire` settles them is unambiguous.
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass, field
 
 from hypothesis import HealthCheck, given, settings
@@ -22,7 +23,12 @@ from ec_connector.domain.cache import EntryTable
 from ec_connector.domain.entries import Phase
 from ec_connector.domain.errors import AllocatorCorruption, IllegalTransition, UnknownEntry
 
-SETTINGS = settings(max_examples=250, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+# EC_FUZZ_EXAMPLES (the fuzz suite's long-run budget, docs/reliability.md) raises the budget here too.
+SETTINGS = settings(
+    max_examples=int(os.environ.get("EC_FUZZ_EXAMPLES") or 250),
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
 
 
 def _blocks(extents) -> list[int]:
