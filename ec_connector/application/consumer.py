@@ -127,7 +127,10 @@ class ConsumerFetcher:
                         self._fetches[item.key].waiting_without_media.add(request_id)
                     pending = True
                 elif not item.has_media:
+                    # Nothing here can encode it: keep the request unscheduled until
+                    # take_unavailable fails it (scheduled, it would reach the encoder empty).
                     self._unavailable.add(request_id)
+                    pending = True
         return not pending
 
     def poll(self) -> None:

@@ -118,10 +118,20 @@ class ECTierConnector(ECConnectorBase):
             self._polled = True
             self._fetcher.poll()
         items = [
-            WantedItem(f.identifier, f.mm_position.get_num_embeds(), f.data is not None)
+            WantedItem(f.identifier, f.mm_position.get_num_embeds(), self._has_media(f))
             for f in request.mm_features
+            if f.mm_position.offset + f.mm_position.length > num_computed_tokens  # still needed
         ]
         return self._fetcher.ensure_available(request.request_id, request.ec_transfer_params, items)
+
+    def _has_media(self, feature: Any) -> bool:
+        """Whether the worker could encode the item itself: it carries processed input beyond the
+        placeholder metadata. A metadata-only item (what vLLM accepts on an EC consumer: an
+        `image_embeds` part holding e.g. only `image_grid_thw`) can only come from a producer."""
+        if feature.data is None:
+            return False
+        metadata = self._metadata.fields_for(feature.modality)
+        return any(elem.data is not None for key, elem in feature.data.items() if key not in metadata)
 
     def take_unavailable_requests(self) -> set[str]:
         return self._fetcher.take_unavailable() if self._fetcher is not None else set()

@@ -3,11 +3,19 @@
 Run with the vLLM venv's python:
     python p2p.py producer MODEL_DIR WORK_DIR CONFIG_JSON
     python p2p.py consumer MODEL_DIR WORK_DIR CONFIG_JSON
+    python p2p.py faults MODEL_DIR WORK_DIR CONFIG_JSON
 
 The producer serves the workload's requests (encoder only), writes each request's
 `ec_transfer_params` to WORK_DIR/params.json, then keeps its engine alive (its control thread keeps
 answering consumers) until WORK_DIR/stop exists. The consumer sends the same requests with those
 params in `SamplingParams.extra_args` and writes its tokens and the items its encoder ran on.
+
+`faults` is a consumer engine that serves CONFIG_JSON's "steps" in order, one request each: images
+by index with optional params, or a metadata-only item (`meta_only`: no media, only the placeholder
+metadata and the item's identifier, as vLLM accepts on an EC consumer through an `image_embeds`
+part without the embedding). After each step it appends {"done": name} to WORK_DIR/progress.jsonl
+(the test acts on it); at the end it writes WORK_DIR/faults.json: per-step tokens, finish reason,
+seconds and the items the encoder ran on, the peer counters and the tier phase of the "watch" keys.
 """
 
 from __future__ import annotations
@@ -31,6 +39,55 @@ def chat(llm, params, request, extra_args=None):  # noqa: ANN001, ANN201
     return out
 
 
+def chat_metadata_only(llm, key: str, metadata: dict, extra_args: dict | None):  # noqa: ANN001, ANN201
+    """One image given only by its placeholder metadata and identifier: nothing to encode locally."""
+    from vllm import SamplingParams
+
+    content = [
+        {"type": "image_embeds", "image_embeds": dict(metadata), "uuid": key},
+        {"type": "text", "text": "Describe."},
+    ]
+    sampling = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True, extra_args=extra_args)
+    (out,) = llm.chat([{"role": "user", "content": content}], sampling, use_tqdm=False)
+    return out
+
+
+def serve_steps(llm, connector, encoded: list[str], config: dict, work: Path) -> None:  # noqa: ANN001
+    results = []
+    for step in config["steps"]:
+        extra = {"ec_transfer_params": step["params"]} if step.get("params") else None
+        before = len(encoded)
+        started = time.perf_counter()
+        if "meta_only" in step:
+            out = chat_metadata_only(llm, step["meta_only"]["key"], step["meta_only"]["metadata"], extra)
+        else:
+            out = chat(llm, None, step["images"], extra)
+        comp = out.outputs[0]
+        results.append(
+            {
+                "name": step["name"],
+                "token_ids": list(comp.token_ids),
+                "finish_reason": comp.finish_reason,
+                "seconds": time.perf_counter() - started,
+                "encoded": encoded[before:],
+            }
+        )
+        with open(work / "progress.jsonl", "a") as f:
+            f.write(json.dumps({"done": step["name"]}) + "\n")
+    table = connector._scheduler.table
+    phases = {}
+    for key in config.get("watch", []):
+        entry = table.get(key)
+        phases[key] = None if entry is None else entry.phase.value
+    report = {
+        "requests": {r["name"]: r for r in results},
+        "encoded": encoded,
+        "peer": connector._container.peer_stats().as_dict(),
+        "phases": phases,
+    }
+    (work / "faults.json").write_text(json.dumps(report))
+
+
 def main() -> None:
     role, model_dir, work, config_path = sys.argv[1], sys.argv[2], Path(sys.argv[3]), sys.argv[4]
     config = json.loads(Path(config_path).read_text())
@@ -50,6 +107,9 @@ def main() -> None:
         ec_transfer_config=config["connector"],
     )
     connector = llm.llm_engine.engine_core.engine_core.scheduler.ec_connector
+    if role == "faults":
+        serve_steps(llm, connector, encoded, config, work)
+        return
     if role == "producer":
         params = []
         for request in config["workload"]:
