@@ -62,9 +62,12 @@ def _shm_region(
     slot: int,
     ranks: int,
     shm_dir: str,
+    populate: bool,
 ) -> Iterator[Region]:
     from ec_connector.adapters.shm import ShmRegion
 
+    # With NIXL on, peers read this mapping directly: pre-fault its page tables now, or the first
+    # READs of each page pay a fault (a 9 MiB READ measured 50-107 ms cold against 8-11 ms warm).
     region = ShmRegion.open(
         instance=instance,
         dp_rank=dp_rank,
@@ -73,6 +76,7 @@ def _shm_region(
         slot=slot,
         ranks=ranks,
         shm_dir=shm_dir,
+        populate=populate,
     )
     try:
         yield region
@@ -182,6 +186,7 @@ class Container(containers.DeclarativeContainer):
             slot=settings.slot,
             ranks=settings.ranks,
             shm_dir=settings.shm_dir,
+            populate=connector_config.provided.enable_nixl,
         ),
     )
     copier = providers.Resource(_copier, region, device=settings.device)

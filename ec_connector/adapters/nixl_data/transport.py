@@ -63,6 +63,9 @@ class NixlPeerTransport:
 
     `progress_thread`: NIXL's own progress thread (spins ~1 core). A producer needs it (peers
     cannot connect otherwise); a consumer may do without and progress by polling `read_state`.
+    `num_threads`: the UCX backend's worker threads (0: posting a READ moves its bytes inline, so
+    `start_read` of 9 MiB took ~10 ms against ~3 ms with one thread on the CPU VM; vLLM's own EC
+    connector uses 1 as well).
     """
 
     def __init__(
@@ -73,6 +76,7 @@ class NixlPeerTransport:
         backend: str = "UCX",
         ucx_error_mode: str = "peer",
         progress_thread: bool = True,
+        num_threads: int = 1,
     ) -> None:
         if not isinstance(agent_name, str) or not agent_name:
             raise ValueError(f"agent_name must be a non-empty string, got {agent_name!r}")
@@ -99,7 +103,11 @@ class NixlPeerTransport:
                 f"NIXL backend {backend!r} is not available; installed plugins: "
                 f"{sorted(self._agent.get_plugin_list())}"
             )
+        if not isinstance(num_threads, int) or num_threads < 0:
+            raise ValueError(f"num_threads must be an int >= 0, got {num_threads!r}")
         params = {"ucx_error_handling_mode": ucx_error_mode} if backend == "UCX" else {}
+        if backend == "UCX" and num_threads:
+            params["num_threads"] = str(num_threads)
         try:
             self._agent.create_backend(backend, params)
             self._reg = self._agent.register_memory(
