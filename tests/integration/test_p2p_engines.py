@@ -27,6 +27,7 @@ from .test_local_tier_engine import ENGINE_DIR, region_files, run_engine
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
 WORKLOAD = [[0], [1], [2, 3], [0, 4]]
+METADATA_ONLY = 1  # the pair's consumer sends this request without its image, only the item's metadata
 
 
 def free_port() -> int:
@@ -72,6 +73,8 @@ def run_pair(python: Path, model: Path, work: Path, *, stop_producer_first: bool
     script = str(ENGINE_DIR / "p2p.py")
     for role in ids:
         cfg = {"connector": connector(f"ec_{role}", ids[role]), "workload": WORKLOAD, "serve_s": 240}
+        if role == "consumer" and not stop_producer_first:
+            cfg["metadata_only"] = [METADATA_ONLY]  # with its producer up, the item is read, not needed
         (work / f"{role}.cfg.json").write_text(json.dumps(cfg))
     producer = subprocess.Popen(
         [str(python), script, "producer", str(model), str(work), str(work / "producer.cfg.json")],
@@ -142,6 +145,12 @@ def test_consumer_reads_every_item_from_the_producer_and_encodes_nothing(pair, b
     assert consumer["tier"]["loads_done"] >= len(distinct)
     producer = pair["producer"]["peer"]
     assert producer["grants"] == producer["grants_released"] == len(distinct)
+
+
+def test_a_request_without_media_is_served_from_the_producers_encoding(pair, baseline):
+    request = pair["consumer"]["requests"][METADATA_ONLY]
+    assert request["metadata_only"] and request["finish_reason"] == "length"
+    assert request["token_ids"] == baseline["requests"][METADATA_ONLY]["token_ids"]
 
 
 def test_no_region_file_is_left_by_either_engine(pair):

@@ -8,7 +8,8 @@ Run with the vLLM venv's python:
 The producer serves the workload's requests (encoder only), writes each request's
 `ec_transfer_params` to WORK_DIR/params.json, then keeps its engine alive (its control thread keeps
 answering consumers) until WORK_DIR/stop exists. The consumer sends the same requests with those
-params in `SamplingParams.extra_args` and writes its tokens and the items its encoder ran on.
+params in `SamplingParams.extra_args` (the requests listed in "metadata_only" without their media,
+as an orchestrator rewrites them) and writes its tokens and the items its encoder ran on.
 
 `faults` is a consumer engine that serves CONFIG_JSON's "steps" in order, one request each: images
 by index with optional params, or a metadata-only item (`meta_only`: no media, only the placeholder
@@ -124,16 +125,23 @@ def main() -> None:
         (work / "producer.json").write_text(json.dumps({"encoded": encoded, "peer": stats}))
         return
     params = json.loads((work / "params.json").read_text())
+    metadata_only = set(config.get("metadata_only", []))  # requests sent as an orchestrator rewrites them
     results = []
-    for request, published in zip(config["workload"], params, strict=True):
+    for n, (request, published) in enumerate(zip(config["workload"], params, strict=True)):
         started = time.perf_counter()
-        out = chat(llm, published["params"], request, {"ec_transfer_params": published["params"]})
+        extra = {"ec_transfer_params": published["params"]}
+        if n in metadata_only:
+            ((key, item),) = published["params"].items()  # one image: no media, only its metadata
+            out = chat_metadata_only(llm, key, item["metadata"], extra)
+        else:
+            out = chat(llm, published["params"], request, extra)
         comp = out.outputs[0]
         results.append(
             {
                 "token_ids": list(comp.token_ids),
                 "finish_reason": comp.finish_reason,
                 "seconds": time.perf_counter() - started,
+                "metadata_only": n in metadata_only,
             }
         )
     report = {
