@@ -584,15 +584,21 @@ def main() -> None:
     ap.add_argument("--modes", nargs="+", default=list(MODES), choices=MODES)
     ap.add_argument("--sizes", nargs="+", type=int, default=list(SIZES_MIB), help="entry sizes in MiB")
     ap.add_argument("--iterations", type=int, help="timed items per size and mode (default 20, quick 5)")
+    ap.add_argument(
+        "--death-trials",
+        type=int,
+        help="producers killed mid-READ over TCP per mode (default 6, quick 2; 0: none)",
+    )
     args = ap.parse_args()
     iterations = args.iterations or (5 if args.quick else 20)
+    death_trials = args.death_trials if args.death_trials is not None else (2 if args.quick else 6)
     result = run(
         args.sizes,
         args.modes,
         iterations,
         progress=lambda line: print(line, flush=True),
         ack_n=50 if args.quick else 200,
-        death_trials=2 if args.quick else 6,
+        death_trials=death_trials,
         death_cases=DEATH_CASES[:1] if args.quick else DEATH_CASES,
         consumer_progress_thread=(True,) if args.quick else (True, False),
     )

@@ -54,7 +54,7 @@ class ConnectorConfig:
     not_ready_backoff_max_s: float = 1.0
     not_ready_give_up_s: float = 10.0
     nixl_backend: str = "UCX"
-    ucx_error_mode: str = "none"
+    ucx_error_mode: str = "peer"
     side_channel_secret: str | None = None
     event_feed_address: str | None = None
 

@@ -64,7 +64,7 @@ def test_minimal_config_takes_every_documented_default():
     assert config.not_ready_backoff_max_s == 1.0
     assert config.not_ready_give_up_s == 10.0
     assert config.nixl_backend == "UCX"
-    assert config.ucx_error_mode == "none"
+    assert config.ucx_error_mode == "peer"
     assert config.side_channel_secret is None
     assert config.event_feed_address is None
 
