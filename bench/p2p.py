@@ -577,6 +577,17 @@ def print_report(result: dict[str, Any]) -> None:
         print(f"READ from a SIGSTOPped producer [{h['mode']}]: {h['state']} after {h['ms']:.0f} ms")
 
 
+def presets(quick: bool) -> dict[str, Any]:
+    """`run`'s keyword arguments for a full run or a --quick one (also what `ec-connector bench p2p` uses)."""
+    return {
+        "iterations": 5 if quick else 20,
+        "ack_n": 50 if quick else 200,
+        "death_trials": 2 if quick else 6,
+        "death_cases": DEATH_CASES[:1] if quick else DEATH_CASES,
+        "consumer_progress_thread": (True,) if quick else (True, False),
+    }
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="fewer iterations and death trials (~1.5 min)")
@@ -590,18 +601,12 @@ def main() -> None:
         help="producers killed mid-READ over TCP per mode (default 6, quick 2; 0: none)",
     )
     args = ap.parse_args()
-    iterations = args.iterations or (5 if args.quick else 20)
-    death_trials = args.death_trials if args.death_trials is not None else (2 if args.quick else 6)
-    result = run(
-        args.sizes,
-        args.modes,
-        iterations,
-        progress=lambda line: print(line, flush=True),
-        ack_n=50 if args.quick else 200,
-        death_trials=death_trials,
-        death_cases=DEATH_CASES[:1] if args.quick else DEATH_CASES,
-        consumer_progress_thread=(True,) if args.quick else (True, False),
-    )
+    options = presets(args.quick)
+    if args.iterations:
+        options["iterations"] = args.iterations
+    if args.death_trials is not None:
+        options["death_trials"] = args.death_trials
+    result = run(args.sizes, args.modes, progress=lambda line: print(line, flush=True), **options)
     print_report(result)
     if args.json:
         args.json.write_text(json.dumps(result, indent=2))

@@ -139,16 +139,7 @@ def _p2p(quick: bool) -> dict[str, Any]:
     p2p = importlib.import_module("bench.p2p")
     progress = Progress("p2p", None)
     try:
-        return p2p.run(
-            p2p.SIZES_MIB,
-            p2p.MODES,
-            5 if quick else 20,
-            progress,
-            ack_n=50 if quick else 200,
-            death_trials=0 if quick else 6,
-            death_transports=("default",) if quick else ("default", "tcp"),
-            consumer_progress_thread=(True,) if quick else (True, False),
-        )
+        return p2p.run(p2p.SIZES_MIB, p2p.MODES, progress=progress, **p2p.presets(quick))
     finally:
         progress.close()
 
