@@ -7,12 +7,19 @@ Rules held here:
   nothing;
 - deadlines (save lease, producer grant lease, announcement, quarantine) are settled by `expire`,
   which the caller runs with the current time; the table never reads a clock.
+
+Costs: metadata is O(entries) (plus outstanding grants). The evictable entries are kept apart (a
+min-heap by reservation number with lazy deletion, and a running count of their blocks), so a
+reservation that cannot fit fails in O(1) and one that evicts costs O(log entries) per victim; a
+lookup is one dict read (`phase_of`). Heaps with lazily deleted items are rebuilt from the live
+state whenever they have doubled since the last rebuild, so stale items never outnumber live ones
+by more than a constant.
 """
 
 from __future__ import annotations
 
 import heapq
-from collections.abc import Container
+from collections.abc import Callable, Container, Set
 from dataclasses import dataclass, field
 from enum import Enum
 
@@ -51,14 +58,37 @@ class Expiry:
         )
 
 
+_READY = Phase.READY
+_NOT_READY = Phase.NOT_READY
+_QUARANTINED = Phase.QUARANTINED
+_NEVER = float("-inf")
+_MIN_COMPACT = 64  # a heap is not rebuilt below this many items
+
+
 class EntryTable:
     """Entries of one region, keyed by identifier, in reservation (FIFO) order."""
 
     def __init__(self, num_blocks: int) -> None:
         self.blocks = ExtentAllocator(num_blocks)
         self._entries: dict[str, Entry] = {}
+        self._phases: dict[str, Phase] = {}
+        # The phase of `key`, or None when it is not held: one dict read, no Python frame. Phases
+        # change only inside this table, so a caller may read them without its own lock.
+        self.phase_of: Callable[[str], Phase | None] = self._phases.get
         self._deadlines: list[tuple[float, int, str, _Deadline, int]] = []
+        self._deadlines_compact_at = _MIN_COMPACT
         self._seq = 0
+        self._order = 0
+        # Evictable bookkeeping. An entry is a candidate when READY with no pins and no grants; a
+        # candidate whose announcement ends at or before `_horizon` (the latest `now` seen) is in
+        # `_evictable`, the others wait in `_held` (by announcement end) until time passes it.
+        self._horizon = _NEVER
+        self._evictable: dict[str, Entry] = {}
+        self._evictable_rows = 0
+        self._fifo: list[tuple[int, str]] = []  # (order, key) of evictable entries, lazily deleted
+        self._fifo_compact_at = _MIN_COMPACT
+        self._held: list[tuple[float, int, str]] = []  # (announced_until, order, key), lazily deleted
+        self._held_compact_at = _MIN_COMPACT
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -74,11 +104,13 @@ class EntryTable:
         return tuple(self._entries.values())
 
     def is_ready(self, key: str) -> bool:
-        entry = self._entries.get(key)
-        return entry is not None and entry.is_ready
+        return self._phases.get(key) is _READY
 
     def evictable_blocks(self, now: float, protect: Container[str] = ()) -> int:
-        return sum(e.rows for e in self._entries.values() if e.is_evictable(now) and e.key not in protect)
+        if now < self._horizon:
+            return sum(e.rows for e in self._evictable_at(now, protect))
+        self._advance(now)
+        return self._evictable_rows - self._protected_rows(protect)
 
     def can_fit(self, rows: int, now: float, protect: Container[str] = ()) -> bool:
         """True when `rows` blocks fit now, counting what eviction could free."""
@@ -103,26 +135,31 @@ class EntryTable:
             raise IllegalTransition(f"entry {key!r} is already held")
         if rows <= 0:
             raise ValueError(f"entry {key!r}: cannot reserve {rows} rows")
-        if rows > self.blocks.num_blocks or not self.can_fit(rows, now, protect):
+        blocks = self.blocks
+        if rows > blocks.num_blocks:
             return None
-        evicted: list[Entry] = []
-        if rows > self.blocks.free_blocks:
-            for victim in list(self._entries.values()):
-                if victim.is_evictable(now) and victim.key not in protect:
-                    evicted.append(victim)
-                    self._free(victim)
-                    if rows <= self.blocks.free_blocks:
-                        break
-        extents = self.blocks.allocate(rows)
-        assert extents is not None  # guaranteed by can_fit and the evictions above
-        entry = Entry(key=key, extents=extents, rows=rows, ready_deadline=now + lease_s)
+        evicted: tuple[Entry, ...] = ()
+        if rows > blocks.free_blocks:
+            victims = self._victims(rows - blocks.free_blocks, now, protect)
+            if victims is None:
+                return None
+            for victim in victims:
+                self._free(victim)
+            evicted = tuple(victims)
+        extents = blocks.allocate(rows)
+        assert extents is not None  # guaranteed by the evictions above
+        self._order += 1
+        entry = Entry(key=key, extents=extents, rows=rows, ready_deadline=now + lease_s, order=self._order)
         self._entries[key] = entry
+        self._phases[key] = _NOT_READY
         self._push(entry.ready_deadline, key, _Deadline.SAVE)
-        return Reservation(entry, tuple(evicted))
+        return Reservation(entry, evicted)
 
     def mark_ready(self, key: str) -> Entry:
         entry = self._require(key)
         entry.mark_ready()
+        self._phases[key] = _READY
+        self._refresh(entry)
         return entry
 
     def extend_ready_deadline(self, key: str, deadline: float) -> None:
@@ -132,26 +169,34 @@ class EntryTable:
     def pin(self, key: str) -> Entry:
         entry = self._require(key)
         entry.pin()
+        self._unlist(entry)
         return entry
 
     def unpin(self, key: str) -> Entry:
         entry = self._require(key)
         entry.unpin()
+        if not entry.pins:
+            self._refresh(entry)
         return entry
 
     def grant(self, key: str, grant_id: int, *, now: float, lease_s: float) -> Entry:
         entry = self._require(key)
         entry.grant(grant_id, now + lease_s)
+        self._unlist(entry)
         self._push(now + lease_s, key, _Deadline.GRANT, grant_id)
         return entry
 
     def release_grant(self, key: str, grant_id: int) -> bool:
         entry = self._entries.get(key)
-        return entry is not None and entry.release_grant(grant_id)
+        if entry is None or not entry.release_grant(grant_id):
+            return False
+        self._refresh(entry)
+        return True
 
     def announce(self, key: str, *, now: float, lease_s: float) -> Entry:
         entry = self._require(key)
         entry.announce(now + lease_s)
+        self._refresh(entry)
         self._push(now + lease_s, key, _Deadline.ANNOUNCE)
         return entry
 
@@ -159,6 +204,7 @@ class EntryTable:
         """Hold a NOT_READY entry's blocks unusable until `now + quarantine_s`."""
         entry = self._require(key)
         entry.quarantine(now + quarantine_s)
+        self._phases[key] = _QUARANTINED
         self._push(entry.quarantined_until, key, _Deadline.QUARANTINE)
         return entry
 
@@ -192,7 +238,7 @@ class EntryTable:
                     self.quarantine(key, now=now, quarantine_s=quarantine_s)
             elif kind is _Deadline.GRANT:
                 if entry.grants.get(token) == deadline:
-                    entry.release_grant(token)
+                    self.release_grant(key, token)
                     out.grants_released.append((key, token))
             elif kind is _Deadline.ANNOUNCE:
                 # Re-announcing to the same deadline leaves several heap items for one end.
@@ -202,7 +248,11 @@ class EntryTable:
                 if entry.phase is Phase.QUARANTINED and entry.quarantined_until <= now:
                     self._free(entry)
                     out.quarantines_settled.append(entry)
+        if now >= self._horizon:
+            self._advance(now)
         return out
+
+    # --- internals -----------------------------------------------------------------------------
 
     def _require(self, key: str) -> Entry:
         entry = self._entries.get(key)
@@ -211,9 +261,129 @@ class EntryTable:
         return entry
 
     def _free(self, entry: Entry) -> None:
-        del self._entries[entry.key]
+        key = entry.key
+        del self._entries[key]
+        del self._phases[key]
+        if self._evictable.pop(key, None) is not None:
+            self._evictable_rows -= entry.rows
         self.blocks.release(entry.extents)
 
     def _push(self, deadline: float, key: str, kind: _Deadline, token: int = 0) -> None:
         self._seq += 1
-        heapq.heappush(self._deadlines, (deadline, self._seq, key, kind, token))
+        heap = self._deadlines
+        heapq.heappush(heap, (deadline, self._seq, key, kind, token))
+        if len(heap) > self._deadlines_compact_at:
+            heap[:] = [item for item in heap if self._deadline_is_live(item)]
+            heapq.heapify(heap)
+            self._deadlines_compact_at = max(_MIN_COMPACT, 2 * len(heap))
+
+    def _deadline_is_live(self, item: tuple[float, int, str, _Deadline, int]) -> bool:
+        """False for a heap item that can no longer settle anything (its entry moved past it)."""
+        deadline, _, key, kind, token = item
+        entry = self._entries.get(key)
+        if entry is None:
+            return False
+        if kind is _Deadline.SAVE:
+            # An older, shorter save lease of an extended entry: the item of the current one stays.
+            return entry.phase is _NOT_READY and entry.ready_deadline == deadline
+        if kind is _Deadline.GRANT:
+            return entry.grants.get(token) == deadline
+        if kind is _Deadline.ANNOUNCE:
+            return entry.announced_until == deadline
+        return entry.phase is _QUARANTINED and entry.quarantined_until == deadline
+
+    # Evictable bookkeeping: `_refresh` after anything that can make an entry evictable, `_unlist`
+    # after anything that makes it a non-candidate (pin, grant); `_free` forgets it.
+
+    def _refresh(self, entry: Entry) -> None:
+        if entry.phase is not _READY or entry.pins or entry.grants:
+            self._unlist(entry)
+            return
+        key = entry.key
+        if entry.announced_until > self._horizon:
+            self._unlist(entry)
+            self._held_push(entry)
+        elif key not in self._evictable:
+            self._list(entry)
+
+    def _list(self, entry: Entry) -> None:
+        self._evictable[entry.key] = entry
+        self._evictable_rows += entry.rows
+        fifo = self._fifo
+        heapq.heappush(fifo, (entry.order, entry.key))
+        if len(fifo) > self._fifo_compact_at:
+            fifo[:] = [(e.order, k) for k, e in self._evictable.items()]
+            heapq.heapify(fifo)
+            self._fifo_compact_at = max(_MIN_COMPACT, 2 * len(fifo))
+
+    def _unlist(self, entry: Entry) -> None:
+        if self._evictable.pop(entry.key, None) is not None:
+            self._evictable_rows -= entry.rows
+
+    def _held_push(self, entry: Entry) -> None:
+        held = self._held
+        heapq.heappush(held, (entry.announced_until, entry.order, entry.key))
+        if len(held) > self._held_compact_at:
+            held[:] = [item for item in held if self._held_is_live(item)]
+            heapq.heapify(held)
+            self._held_compact_at = max(_MIN_COMPACT, 2 * len(held))
+
+    def _held_is_live(self, item: tuple[float, int, str]) -> bool:
+        until, order, key = item
+        entry = self._entries.get(key)
+        return entry is not None and entry.order == order and entry.announced_until == until
+
+    def _advance(self, now: float) -> None:
+        """Move the horizon to `now`: candidates whose announcement ended by then become evictable."""
+        self._horizon = now
+        held = self._held
+        while held and held[0][0] <= now:
+            until, order, key = heapq.heappop(held)
+            entry = self._entries.get(key)
+            if entry is not None and entry.order == order and entry.announced_until == until:
+                self._refresh(entry)
+
+    def _protected_rows(self, protect: Container[str]) -> int:
+        """Blocks of evictable entries whose keys are in `protect`."""
+        if not protect:
+            return 0
+        evictable = self._evictable
+        if isinstance(protect, Set) and len(protect) <= len(evictable):
+            return sum(evictable[k].rows for k in protect if k in evictable)
+        return sum(e.rows for k, e in evictable.items() if k in protect)
+
+    def _evictable_at(self, now: float, protect: Container[str]) -> list[Entry]:
+        """The entries evictable at a `now` before the horizon, oldest first (time went back)."""
+        found = [e for k, e in self._evictable.items() if e.announced_until <= now and k not in protect]
+        found.sort(key=lambda e: e.order)
+        return found
+
+    def _victims(self, needed: int, now: float, protect: Container[str]) -> list[Entry] | None:
+        """The oldest evictable entries freeing at least `needed` blocks; None (nothing taken) if
+        even all of them would not."""
+        if now < self._horizon:
+            victims: list[Entry] = []
+            for entry in self._evictable_at(now, protect):
+                if needed <= 0:
+                    break
+                victims.append(entry)
+                needed -= entry.rows
+            return victims if needed <= 0 else None
+        self._advance(now)
+        if needed > self._evictable_rows - self._protected_rows(protect):
+            return None
+        fifo, evictable = self._fifo, self._evictable
+        victims, skipped = [], []
+        while needed > 0:
+            item = heapq.heappop(fifo)
+            entry = evictable.get(item[1])
+            if entry is None or entry.order != item[0] or entry in victims:
+                continue  # stale: no longer evictable (or listed twice)
+            if item[1] in protect:
+                skipped.append(item)
+                continue
+            victims.append(entry)
+            needed -= entry.rows
+        for item in skipped:
+            heapq.heappush(fifo, item)
+        return victims

@@ -35,6 +35,7 @@ class Entry:
     grants: dict[int, float] = field(default_factory=dict)
     announced_until: float = float("-inf")
     quarantined_until: float = float("-inf")
+    order: int = 0  # the table's reservation sequence number: FIFO eviction goes by it
 
     def __post_init__(self) -> None:
         if self.rows <= 0:

@@ -445,3 +445,69 @@ def test_expiry_is_falsy_only_when_empty():
     _put_ready(table, "a", 4)
     table.grant("a", 1, now=0.0, lease_s=1.0)
     assert table.expire(1.0, quarantine_s=Q)
+
+
+def test_a_reservation_at_an_earlier_time_than_one_already_seen_respects_the_announcement():
+    table = _table(9)
+    _put_ready(table, "a", 3)
+    _put_ready(table, "b", 3)
+    table.announce("a", now=0.0, lease_s=10.0)
+    assert table.evictable_blocks(12.0) == 6  # a's announcement has ended by 12.0
+    # asked again about 5.0 (a caller's clock is not the table's concern): a is announced then
+    assert table.evictable_blocks(5.0) == 3
+    assert not table.can_fit(7, now=5.0)
+    assert table.reserve("c", 7, now=5.0, lease_s=LEASE) is None
+    assert _keys(table) == ["a", "b"]
+    res = table.reserve("c", 6, now=5.0, lease_s=LEASE)
+    assert res is not None and [e.key for e in res.evicted] == ["b"]
+    assert table.get("a").is_announced(5.0)
+
+
+def test_protect_may_be_any_container_of_keys():
+    for protect in (["b", "b"], ("b",), {"b": 1}.keys(), {"b", "x", "y", "z", "w"}):
+        table = _table(9)
+        _put_ready(table, "a", 3)
+        _put_ready(table, "b", 3)
+        _put_ready(table, "c", 3)
+        assert table.evictable_blocks(1.0, protect=protect) == 6, protect
+        assert table.reserve("d", 7, now=1.0, lease_s=LEASE, protect=protect) is None
+        res = table.reserve("d", 6, now=1.0, lease_s=LEASE, protect=protect)
+        assert res is not None and [e.key for e in res.evicted] == ["a", "c"], protect
+        assert _keys(table) == ["b", "d"]
+
+
+def test_an_entry_pinned_and_unpinned_many_times_keeps_its_reservation_order():
+    table = _table(6)
+    _put_ready(table, "a", 3)
+    _put_ready(table, "b", 3)
+    for _ in range(200):  # each unpin lists "a" as evictable again
+        table.pin("a")
+        table.unpin("a")
+    table.pin("b")
+    table.unpin("b")
+    res = table.reserve("c", 3, now=1.0, lease_s=LEASE)
+    assert res is not None and [e.key for e in res.evicted] == ["a"]
+
+
+def test_metadata_stays_proportional_to_live_entries_and_deadlines():
+    # A long run of saves whose leases never lapse within it (the cache-comparison trace's shape):
+    # every save lease leaves a deadline behind once the entry is ready or evicted.
+    table = _table(64)
+    now = 0.0
+    for i in range(5000):
+        now += 0.02
+        table.expire(now, quarantine_s=Q)
+        key = f"k{i}"
+        assert table.reserve(key, 1 + i % 7, now=now, lease_s=LEASE) is not None
+        table.mark_ready(key)
+        table.announce(key, now=now, lease_s=0.1)
+        if i % 3 == 0:
+            table.pin(key)
+            table.unpin(key)
+    live = len(table)
+    assert live <= 64
+    # stale heap items are dropped once they outnumber the live ones
+    assert len(table._deadlines) <= 2 * live + 64
+    assert len(table._fifo) <= 2 * live + 64
+    assert len(table._held) <= 2 * live + 64
+    assert table.evictable_blocks(now + 1.0) == table.blocks.used_blocks

@@ -314,6 +314,8 @@ _OP_ARGS = {
         st.one_of(st.integers(1, 5), st.integers(1, NUM_BLOCKS + 2)),
         st.integers(0, 12),
         st.frozensets(st.sampled_from(KEYS), max_size=3),
+        # mostly the current time; sometimes a caller's clock ahead of or behind the last expire
+        st.sampled_from((0, 0, 0, 0, 1, 3, -1, -3)),
     ),
     "grant": st.tuples(st.integers(1, 3), _GRID),
     "release_grant": st.tuples(st.integers(1, 3)),
@@ -389,22 +391,23 @@ def _run(table: EntryTable, model: Model, op: tuple, now: float, q: float) -> fl
         assert bool(got) == any(want.values())
         return now
     if name == "reserve":
-        key, rows, lease, protect = args
+        key, rows, lease, protect, skew = args
+        at = now + skew
         lease_s = lease + 0.75
         before = _snapshot(table)
-        evictable_before = {e.key for e in table.entries() if e.is_evictable(now)} - protect
+        evictable_before = {e.key for e in table.entries() if e.is_evictable(at)} - protect
         try:
-            want = model.reserve(key, rows, now, lease_s, protect)
+            want = model.reserve(key, rows, at, lease_s, protect)
         except IllegalTransition:
             want = IllegalTransition
         if want is IllegalTransition:
             try:
-                table.reserve(key, rows, now=now, lease_s=lease_s, protect=protect)
+                table.reserve(key, rows, now=at, lease_s=lease_s, protect=protect)
             except IllegalTransition:
                 assert _snapshot(table) == before
                 return now
             raise AssertionError(f"reserve of held key {key!r} did not raise")
-        got = table.reserve(key, rows, now=now, lease_s=lease_s, protect=protect)
+        got = table.reserve(key, rows, now=at, lease_s=lease_s, protect=protect)
         if want is None:
             assert got is None
             assert _snapshot(table) == before, "a failed reservation changed the table"
