@@ -19,9 +19,11 @@ Each engine step, for both caches, through the same driver code:
   3. look up every item of every live request (vLLM asks the connector about every waiting and
      running multimodal request each step);
   4. finished requests: look their items up once more (request_finished).
-Our table also settles its deadlines once per step (`expire`; the baseline has no leases), and
-both take a lock per operation (the baseline's cache locks inside; our scheduler holds an RLock
-around the table, so ours takes one here). Each side answers from its own state, so the two caches
+Our table also settles its deadlines once per step (`expire`; the baseline has no leases). The
+baseline's cache takes its lock in every method; ours takes the RLock our scheduler holds around
+the table for every change and for the step's `expire`, and answers lookups as
+TierScheduler.has_item does after the step's poll: one read of the entry's phase, without the lock
+(has_item's docstring says why that is safe). Each side answers from its own state, so the two caches
 may evict different entries (the baseline re-queues an entry at the back when it is unpinned; ours
 evicts in reservation order, as the SPEC says); the op counts and hit rates of both are printed.
 
@@ -56,6 +58,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from vllm_baseline import BaselineUnavailable, load, version  # noqa: E402
 
 from ec_connector.domain.cache import EntryTable  # noqa: E402
+from ec_connector.domain.entries import Phase  # noqa: E402
 
 GiB = 1 << 30
 ROW_BYTES = 3584 * 2  # bf16 rows of a hidden-3584 model: 7 KiB
@@ -137,6 +140,7 @@ def make_trace(*, steps: int, live: int, num_blocks: int, seed: int = 8) -> Trac
 # The two caches behind one small interface (the driver below is shared)
 
 ABSENT, NOT_READY, READY = 0, 1, 2
+_READY = Phase.READY
 
 
 class OursSide:
@@ -146,6 +150,7 @@ class OursSide:
 
     def __init__(self, num_blocks: int) -> None:
         self.table = EntryTable(num_blocks)
+        self.phase_of = self.table.phase_of
         self.lock = threading.RLock()
         self.now = 0.0
 
@@ -155,11 +160,10 @@ class OursSide:
             self.table.expire(now, quarantine_s=60.0)
 
     def lookup(self, key: str) -> int:
-        with self.lock:
-            entry = self.table.get(key)
-        if entry is None:
+        phase = self.phase_of(key)  # as TierScheduler.has_item, after the step's poll (tick)
+        if phase is None:
             return ABSENT
-        return READY if entry.is_ready else NOT_READY
+        return READY if phase is _READY else NOT_READY
 
     def alloc(self, key: str, rows: int) -> bool:
         with self.lock:

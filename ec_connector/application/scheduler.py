@@ -5,7 +5,9 @@ Runs in the engine-core process. It owns the entry table; workers learn what to 
 completion reaches this side on every model runner (worker metadata is never needed).
 
 The table is also read by the P2P services, whose producer side answers peers from an I/O thread:
-every public method holds `lock`, and so must any other user of `table`.
+every public method holds `lock`, and so must any other user of `table`, with one exception:
+`has_item`, vLLM's per-item lookup, reads an entry's phase without `lock` once the step has
+polled (see there).
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from ec_connector.ports.region import Region
 from ec_connector.ports.runtime import Clock, EventSink
 
 log = structlog.get_logger(__name__)
+_READY = Phase.READY
 _debug_on = logging.getLogger(__name__).isEnabledFor  # a cheap check before per-step debug lines
 
 
@@ -71,6 +74,8 @@ class TierScheduler:
         self._ranks = ranks
         self._engine_id = engine_id
         self._table = EntryTable(self._layout.num_blocks)
+        self._phase_of = self._table.phase_of
+        self._role_loads = config.role.loads
         self._tickets = itertools.count(1)
         self._pending: dict[int, _Pending] = {}
         self._save_ticket: dict[str, int] = {}
@@ -113,15 +118,19 @@ class TierScheduler:
         """True when `key` can be reloaded from the tier (consumer or both roles only).
 
         A True answer protects the entry from eviction until this step's plan is taken.
-        """
-        with self.lock:
-            return self._has_item(key)
 
-    def _has_item(self, key: str) -> bool:
-        self._poll_once_per_step()
-        if not self._config.role.loads:
+        Only the step's first call takes `lock` (to poll). The rest is one dict read of the entry's
+        phase, safe without `lock`: a dict read is atomic; phases change, and entries are evicted
+        or freed, only on the scheduler's thread, which is this one (the producer's I/O thread
+        only grants, releases and announces, none of which changes a phase or frees an entry); and
+        `_promised` and the hit/miss counters are this thread's alone.
+        """
+        if not self._polled:
+            with self.lock:
+                self._poll_once_per_step()
+        if not self._role_loads:
             return False
-        if self._table.is_ready(key):
+        if self._phase_of(key) is _READY:
             self.stats.hits += 1
             self._promised.add(key)
             return True
