@@ -68,6 +68,7 @@ def main() -> None:
     ap.add_argument("--sample-every", type=int, default=10)
     ap.add_argument("--verify-every", type=int, default=1)
     ap.add_argument("--out", default="/tmp/ec_soak.csv")
+    ap.add_argument("--trace", action="store_true", help="tracemalloc: print where Python memory grew")
     args = ap.parse_args()
 
     shm_dir = Path("/dev/shm") / f"ec_soak_{uuid.uuid4().hex[:8]}"
@@ -144,6 +145,11 @@ def main() -> None:
                 producer_born = time.monotonic()
                 restarts += 1
                 rows_out.append({"event": "restart"})
+            if args.trace and rounds == args.sample_every:
+                import tracemalloc
+
+                tracemalloc.start(8)
+                traced = tracemalloc.take_snapshot()
             if rounds % args.sample_every == 0 or transfers >= args.transfers:
                 ppid = producer.proc.pid
                 row = {
@@ -165,6 +171,15 @@ def main() -> None:
                 }
                 rows_out.append(row)
                 print(json.dumps(row), flush=True)
+        if args.trace:
+            import gc
+
+            gc.collect()
+            growth = tracemalloc.take_snapshot().compare_to(traced, "traceback")
+            for stat in growth[:6]:
+                print(f"{stat.size_diff / 1024:+.1f} KiB in {stat.count_diff:+d} blocks:", flush=True)
+                for line in stat.traceback.format()[-8:]:
+                    print("   ", line, flush=True)
         consumer.assert_clean()
         state = producer.state()
         deadline = time.monotonic() + 10

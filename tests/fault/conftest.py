@@ -239,10 +239,13 @@ class ConsumerSide:
         return self.scheduler.table
 
     def step(self, params: dict, items: list[tuple[str, int]], request_id: str, media: bool = True) -> bool:
-        """One engine step for one request: poll, then ensure_cache_available."""
+        """One engine step for one request: poll, ensure_cache_available, then the step's plan
+        (vLLM calls build_connector_meta every step; it settles the tier's deadlines)."""
         self.fetcher.poll()
         wanted = [WantedItem(key, rows, media) for key, rows in items]
-        return self.fetcher.ensure_available(request_id, params, wanted)
+        available = self.fetcher.ensure_available(request_id, params, wanted)
+        self.scheduler.take_plan()
+        return available
 
     def fetch(
         self,

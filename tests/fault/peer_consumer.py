@@ -24,7 +24,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from tests.fault.conftest import ConsumerSide  # noqa: E402
-from tests.fault.peer_producer import payload, reply  # noqa: E402
+from tests.fault.peer_producer import payload, reply, reply_channel_setup  # noqa: E402
 
 
 class RunOnOk:
@@ -50,6 +50,7 @@ class RunOnOk:
 
 
 def main() -> None:
+    reply_channel_setup()
     shm_dir, extra = sys.argv[1], json.loads(sys.argv[2])
     side = ConsumerSide(Path(shm_dir), extra=extra, ucx_error_mode=extra.get("ucx_error_mode", "none"))
     reply({"ready": True})

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -43,9 +44,14 @@ def payload(key: str, rows: int) -> bytes:
     return hashlib.shake_256(key.encode()).digest(rows * HIDDEN * 2)
 
 
+_replies = None
+
+
 def reply(body: object) -> None:
-    sys.stdout.write("@@ " + json.dumps(body) + "\n")
-    sys.stdout.flush()
+    """One reply line on the process's original stdout, which carries nothing else (see main)."""
+    reply_channel_setup()
+    _replies.write("@@ " + json.dumps(body) + "\n")
+    _replies.flush()
 
 
 class Producer:
@@ -170,7 +176,17 @@ class Producer:
         self.container.shutdown_resources()
 
 
+def reply_channel_setup() -> None:
+    """Log lines (ours, NIXL's, UCX's, from any thread) would interleave with replies on a shared
+    stdout: keep the original stdout for replies only and send fd 1 to stderr."""
+    global _replies
+    if _replies is None:
+        _replies = os.fdopen(os.dup(1), "w")
+        os.dup2(2, 1)
+
+
 def main() -> None:
+    reply_channel_setup()
     name, host, port, shm_dir, cpu_bytes, extra = sys.argv[1:7]
     extra_config = json.loads(extra)
     if len(sys.argv) > 7:

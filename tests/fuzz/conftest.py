@@ -1,8 +1,11 @@
 """Fuzz budget and accounting.
 
-The default (CI) run gives each target a short budget (`DEFAULT_EXAMPLES`); set
-`EC_FUZZ_EXAMPLES=100000` for the dedicated long run. Each target counts the inputs it was given
-(`count(target)`), and the run ends with one line per target: inputs and seconds.
+The default (CI) run gives each target a short budget (`DEFAULT_EXAMPLES` inputs); set
+`EC_FUZZ_EXAMPLES=100000` for the dedicated long run. Hypothesis spends far more time per example
+than our decoders spend per input, so each example carries a batch of `EC_FUZZ_BATCH` inputs
+(default 1; the long run uses 50): a target runs ceil(EXAMPLES / BATCH) examples. Each target counts
+the inputs it was given (`count(target)`), and the run ends with one line per target: inputs and
+seconds.
 """
 
 from __future__ import annotations
@@ -12,16 +15,24 @@ import time
 from collections import defaultdict
 
 from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
 
-DEFAULT_EXAMPLES = 300
+DEFAULT_EXAMPLES = 200
 EXAMPLES = int(os.environ.get("EC_FUZZ_EXAMPLES") or DEFAULT_EXAMPLES)
+BATCH = int(os.environ.get("EC_FUZZ_BATCH") or 1)
 
 FUZZ = settings(
-    max_examples=EXAMPLES,
+    max_examples=-(-EXAMPLES // BATCH),
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much],
     database=None,  # every run explores afresh; a failure is printed with its input
 )
+
+
+def batch(inputs: st.SearchStrategy) -> st.SearchStrategy[list]:
+    """`BATCH` inputs per example."""
+    return st.lists(inputs, min_size=BATCH, max_size=BATCH)
+
 
 _inputs: dict[str, int] = defaultdict(int)
 _first: dict[str, float] = {}

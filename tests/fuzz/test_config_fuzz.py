@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 import math
 
-from conftest import FUZZ, count
+from conftest import FUZZ, batch, count
 from hypothesis import example, given
 from hypothesis import strategies as st
 
@@ -67,41 +67,52 @@ def check(extra: object, role: object) -> None:
 
 
 @FUZZ
-@given(extras | mostly_valid, roles)
-@example({"ec_cpu_bytes": 1, "read_timeout_s": 10**400}, "ec_consumer")
-@example({"ec_cpu_bytes": 1, "quarantine_s": -(10**400)}, "ec_consumer")
-def test_config_dicts_parse_or_raise_config_error(extra: dict, role: object) -> None:
-    count("config: dicts")
-    check(extra, role)
+@given(batch(st.tuples(extras | mostly_valid, roles)))
+@example([({"ec_cpu_bytes": 1, "read_timeout_s": 10**400}, "ec_consumer")])
+@example([({"ec_cpu_bytes": 1, "quarantine_s": -(10**400)}, "ec_consumer")])
+def test_config_dicts_parse_or_raise_config_error(cases: list[tuple[dict, object]]) -> None:
+    for extra, role in cases:
+        count("config: dicts")
+        check(extra, role)
 
 
 @FUZZ
 @given(
-    st.text(max_size=200) | mostly_valid.map(json.dumps) | extras.map(lambda d: json.dumps(d, default=str))
-)
-@example('{"ec_cpu_bytes": 1024, "consumer_ack_timeout_s": 1' + "0" * 400 + "}")
-def test_config_json_documents_parse_or_raise_config_error(document: str) -> None:
-    count("config: JSON documents")
-    try:
-        extra = json.loads(document)
-    except ValueError:
-        return  # not JSON: vLLM refuses it before we see it
-    check(extra, "ec_producer")
-
-
-@FUZZ
-@given(
-    st.dictionaries(
-        st.sampled_from(["VLLM_EC_SIDE_CHANNEL_HOST", "VLLM_EC_SIDE_CHANNEL_PORT", "OTHER"]),
-        st.text(max_size=12) | st.integers(-5, 70000).map(str) | st.sampled_from(["", " ", "٣", "²", "0x10"]),
+    batch(
+        st.text(max_size=200)
+        | mostly_valid.map(json.dumps)
+        | extras.map(lambda d: json.dumps(d, default=str))
     )
 )
-def test_side_channel_env_parses_or_raises_config_error(environ: dict[str, str]) -> None:
-    count("config: side-channel env")
-    try:
-        channel = side_channel_from_env(environ)
-    except ConfigError as err:
-        assert "VLLM_EC_SIDE_CHANNEL_" in str(err)
-        return
-    assert channel.host and channel.host == channel.host.strip()
-    assert 0 < channel.port < 65536
+@example(['{"ec_cpu_bytes": 1024, "consumer_ack_timeout_s": 1' + "0" * 400 + "}"])
+def test_config_json_documents_parse_or_raise_config_error(documents: list[str]) -> None:
+    for document in documents:
+        count("config: JSON documents")
+        try:
+            extra = json.loads(document)
+        except ValueError:
+            continue  # not JSON: vLLM refuses it before we see it
+        check(extra, "ec_producer")
+
+
+@FUZZ
+@given(
+    batch(
+        st.dictionaries(
+            st.sampled_from(["VLLM_EC_SIDE_CHANNEL_HOST", "VLLM_EC_SIDE_CHANNEL_PORT", "OTHER"]),
+            st.text(max_size=12)
+            | st.integers(-5, 70000).map(str)
+            | st.sampled_from(["", " ", "٣", "²", "0x10"]),
+        )
+    )
+)
+def test_side_channel_env_parses_or_raises_config_error(environs: list[dict[str, str]]) -> None:
+    for environ in environs:
+        count("config: side-channel env")
+        try:
+            channel = side_channel_from_env(environ)
+        except ConfigError as err:
+            assert "VLLM_EC_SIDE_CHANNEL_" in str(err)
+            continue
+        assert channel.host and channel.host == channel.host.strip()
+        assert 0 < channel.port < 65536

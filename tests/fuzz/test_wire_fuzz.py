@@ -10,7 +10,7 @@ message re-encodes to a frame that decodes to the same message.
 from __future__ import annotations
 
 import msgspec
-from conftest import FUZZ, count
+from conftest import FUZZ, batch, count
 from hypothesis import example, given
 from hypothesis import strategies as st
 
@@ -168,43 +168,51 @@ def check_decoders(frame: bytes) -> None:
 
 
 @FUZZ
-@given(st.binary(max_size=512))
-@example(b"")
-@example(b"\x82\xa7version\x01\xa3msg" + b"\x91" * 100_000 + b"\x00")  # nesting bomb
-def test_codec_arbitrary_bytes(frame: bytes) -> None:
-    count("codec: arbitrary bytes")
-    check_decoders(frame)
+@given(batch(st.binary(max_size=512)))
+@example([b""])
+@example([b"\x82\xa7version\x01\xa3msg" + b"\x91" * 100_000 + b"\x00"])  # nesting bomb
+def test_codec_arbitrary_bytes(frames: list[bytes]) -> None:
+    for frame in frames:
+        count("codec: arbitrary bytes")
+        check_decoders(frame)
 
 
 @FUZZ
-@given(mutated(valid_frames))
-def test_codec_mutated_and_truncated_valid_frames(frame: bytes) -> None:
-    count("codec: mutated/truncated valid frames")
-    check_decoders(frame)
+@given(batch(mutated(valid_frames)))
+def test_codec_mutated_and_truncated_valid_frames(frames: list[bytes]) -> None:
+    for frame in frames:
+        count("codec: mutated/truncated valid frames")
+        check_decoders(frame)
 
 
 @FUZZ
-@given(valid_frames, st.data())
-def test_codec_every_prefix_of_a_valid_frame_is_refused(frame: bytes, data) -> None:
-    count("codec: truncated valid frames")
-    cut = data.draw(st.integers(0, len(frame) - 1))
-    try:
-        decode(frame[:cut])
-    except FrameRejected as err:
-        assert err.reason == "malformed"
-    else:
-        raise AssertionError(f"a frame cut at {cut} of {len(frame)} bytes was accepted")
+@given(batch(st.tuples(valid_frames, st.floats(0, 1, exclude_max=True))))
+def test_codec_every_prefix_of_a_valid_frame_is_refused(cases: list[tuple[bytes, float]]) -> None:
+    for frame, where in cases:
+        count("codec: truncated valid frames")
+        cut = int(where * len(frame))
+        try:
+            decode(frame[:cut])
+        except FrameRejected as err:
+            assert err.reason == "malformed"
+        else:
+            raise AssertionError(f"a frame cut at {cut} of {len(frame)} bytes was accepted")
 
 
 @FUZZ
 @given(
-    versions,
-    plausible_bodies | msgpack_values,
-    st.dictionaries(st.text(max_size=8), msgpack_values, max_size=2),
+    batch(
+        st.tuples(
+            versions,
+            plausible_bodies | msgpack_values,
+            st.dictionaries(st.text(max_size=8), msgpack_values, max_size=2),
+        )
+    )
 )
-def test_codec_structured_frames_of_any_version(version, body, extra) -> None:
-    count("codec: structured frames, any version")
-    check_decoders(msgspec.msgpack.encode({**extra, "version": version, "msg": body}))
+def test_codec_structured_frames_of_any_version(cases: list[tuple]) -> None:
+    for version, body, extra in cases:
+        count("codec: structured frames, any version")
+        check_decoders(msgspec.msgpack.encode({**extra, "version": version, "msg": body}))
 
 
 @FUZZ
@@ -227,40 +235,46 @@ SECRET = b"fuzz-secret"
 
 @FUZZ
 @given(
-    st.lists(st.binary(max_size=80), max_size=4) | valid_frames.map(lambda f: [f, b"\x00" * 56]),
-    st.sampled_from([REQUEST, ACK]),
-    st.booleans(),
+    batch(
+        st.tuples(
+            st.lists(st.binary(max_size=80), max_size=4) | valid_frames.map(lambda f: [f, b"\x00" * 56]),
+            st.sampled_from([REQUEST, ACK]),
+            st.booleans(),
+        )
+    )
 )
-def test_auth_unseal_of_arbitrary_parts(parts: list[bytes], label: bytes, with_secret: bool) -> None:
-    count("auth: unseal arbitrary parts")
-    auth = FrameAuth(SECRET) if with_secret else None
-    try:
-        payload = unseal(auth, label, parts)
-    except AuthFailure as err:
-        assert err.reason == "auth" and str(err)
-    except FrameRejected as err:
-        assert err.reason == "malformed" and str(err)
-    else:
-        assert auth is None and payload == parts[0] and len(parts) == 1, "only a plain single part passes"
+def test_auth_unseal_of_arbitrary_parts(cases: list[tuple[list[bytes], bytes, bool]]) -> None:
+    for parts, label, with_secret in cases:
+        count("auth: unseal arbitrary parts")
+        auth = FrameAuth(SECRET) if with_secret else None
+        try:
+            payload = unseal(auth, label, parts)
+        except AuthFailure as err:
+            assert err.reason == "auth" and str(err)
+        except FrameRejected as err:
+            assert err.reason == "malformed" and str(err)
+        else:
+            assert auth is None and payload == parts[0] and len(parts) == 1, "only one plain part passes"
 
 
 @FUZZ
-@given(valid_frames, st.data())
-def test_auth_a_sealed_frame_with_any_byte_changed_is_refused(frame: bytes, data) -> None:
-    count("auth: tampered sealed frames")
+@given(
+    batch(st.tuples(valid_frames, st.integers(0, 1), st.floats(0, 1, exclude_max=True), st.integers(1, 255)))
+)
+def test_auth_a_sealed_frame_with_any_byte_changed_is_refused(cases: list[tuple]) -> None:
     auth = FrameAuth(SECRET)
-    parts = [frame, FrameAuth(SECRET).seal(REQUEST, frame)]
-    which = data.draw(st.integers(0, 1))
-    at = data.draw(st.integers(0, len(parts[which]) - 1))
-    flipped = bytearray(parts[which])
-    flipped[at] ^= data.draw(st.integers(1, 255))
-    parts[which] = bytes(flipped)
-    try:
-        unseal(auth, REQUEST, parts)
-    except AuthFailure:
-        pass
-    else:
-        raise AssertionError("a tampered frame was accepted")
+    for frame, which, where, xor in cases:
+        count("auth: tampered sealed frames")
+        parts = [frame, FrameAuth(SECRET).seal(REQUEST, frame)]
+        flipped = bytearray(parts[which])
+        flipped[int(where * len(flipped))] ^= xor
+        parts[which] = bytes(flipped)
+        try:
+            unseal(auth, REQUEST, parts)
+        except AuthFailure:
+            pass
+        else:
+            raise AssertionError("a tampered frame was accepted")
 
 
 # -- the NIXL metadata envelope an ack carries -----------------------------------------------------
@@ -271,16 +285,17 @@ envelopes = st.builds(
 
 
 @FUZZ
-@given(st.binary(max_size=96) | mutated(envelopes) | envelopes)
-def test_envelope_decodes_or_is_a_value_error_naming_the_peer(blob: bytes) -> None:
-    count("nixl envelope: arbitrary/mutated")
-    try:
-        info = wire.decode(blob, peer="prod-fuzz")
-    except ValueError as err:
-        assert "'prod-fuzz'" in str(err)
-        return
-    assert info.base_address > 0 and info.area_bytes > 0 and info.nixl_metadata
-    assert wire.decode(wire.encode(info), peer="p") == info
+@given(batch(st.binary(max_size=96) | mutated(envelopes) | envelopes))
+def test_envelope_decodes_or_is_a_value_error_naming_the_peer(blobs: list[bytes]) -> None:
+    for blob in blobs:
+        count("nixl envelope: arbitrary/mutated")
+        try:
+            info = wire.decode(blob, peer="prod-fuzz")
+        except ValueError as err:
+            assert "'prod-fuzz'" in str(err)
+            continue
+        assert info.base_address > 0 and info.area_bytes > 0 and info.nixl_metadata
+        assert wire.decode(wire.encode(info), peer="p") == info
 
 
 # -- ec_transfer_params a request carries -----------------------------------------------------------
@@ -305,9 +320,14 @@ params = st.dictionaries(
 
 
 @FUZZ
-@given(params | json_values)
-def test_transfer_params_parse_or_raise_protocol_error(raw) -> None:
-    count("ec_transfer_params: arbitrary")
+@given(batch(params | json_values))
+def test_transfer_params_parse_or_raise_protocol_error(raws: list) -> None:
+    for raw in raws:
+        count("ec_transfer_params: arbitrary")
+        check_params(raw)
+
+
+def check_params(raw: object) -> None:
     try:
         parsed = parse_transfer_params(raw)
     except ProtocolError as err:
