@@ -210,6 +210,65 @@ def test_a_lost_connection_is_reloaded_from_the_peers_last_metadata(shm_dir: Pat
             b.close()
 
 
+@needs_nixl
+def test_the_callers_thread_never_waits_for_a_post_in_progress(shm_dir: Path) -> None:
+    """While the poster holds the agent (a same-host READ copies inside its post), start_read,
+    read_state and release return at once; the READ is posted and the release done afterwards."""
+    import threading
+
+    from ec_connector.adapters.nixl_data import NixlPeerTransport
+
+    small = Layout(hidden_dim=64, dtype="bfloat16", num_blocks=16)
+    with (
+        ShmRegion.open(instance="p-a", dp_rank=0, layout=small, shm_dir=shm_dir) as ra,
+        ShmRegion.open(instance="p-b", dp_rank=0, layout=small, shm_dir=shm_dir) as rb,
+    ):
+        view = rb.data()
+        view[:] = bytes(range(256)) * (small.data_bytes // 256)
+        view.release()
+        a = NixlPeerTransport(ra, agent_name="p-a", progress_thread=False)
+        b = NixlPeerTransport(rb, agent_name="p-b")
+        try:
+            a.add_peer("p-b", b.agent_metadata())
+            held, done = threading.Event(), threading.Event()
+
+            def hold_the_agent() -> None:  # stands in for the poster in the middle of a long post
+                with a._lock:
+                    held.set()
+                    done.wait(30)
+
+            holder = threading.Thread(target=hold_the_agent)
+            holder.start()
+            held.wait(5)
+            answers: list[object] = []
+
+            def caller() -> None:  # the engine's step thread
+                first = a.start_read("p-b", [(0, 1024)], [(0, 1024)])
+                second = a.start_read("p-b", [(1024, 512)], [(1024, 512)])
+                answers.extend([a.read_state(first), a.read_state(second)])
+                a.release(second)
+                answers.append(first)
+
+            step = threading.Thread(target=caller)
+            step.start()
+            step.join(10)
+            assert not step.is_alive(), "a step-thread call waited for the agent"
+            assert answers[:2] == [ReadState.PENDING, ReadState.PENDING]
+            done.set()
+            holder.join()
+            first = answers[2]
+            assert wait(a, first)[0] is ReadState.DONE
+            view = ra.data()
+            assert bytes(view[:1024]) == bytes(range(256)) * 4
+            assert bytes(view[1024:1536]) == bytes(512)  # the released READ was never posted
+            view.release()
+            a.release(first)
+            assert a._reads == {}
+        finally:
+            a.close()
+            b.close()
+
+
 def settle(consumer, handle: int, bound_s: float) -> ReadState:
     """The READ's state once it leaves PENDING, or PENDING after `bound_s`."""
     deadline = time.monotonic() + bound_s

@@ -10,12 +10,20 @@ then `create_backend(backend, {"ucx_error_handling_mode": ucx_error_mode})` (UCX
 here: the two modes when a producer dies, the progress thread, UCX_TLS.
 
 Thread safety: every NIXL call holds one lock (the agent runs in NIXL's unsynchronised mode).
+
+READs are posted by a poster thread, not by the caller: on one host UCX moves a READ's bytes
+inside the post itself (a cma copy: tens of ms for 32 MiB on the CPU VM), and the caller is the
+engine's scheduler step. `start_read` checks the runs and queues the READ; `read_state` answers
+PENDING without waiting while the poster holds the lock; `release` of a READ then is finished by
+the poster (or the next caller that gets the lock). Only `add_peer` and `close` wait for the lock.
 """
 
 from __future__ import annotations
 
 import itertools
+import queue
 import threading
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -54,8 +62,17 @@ class _Peer:
 @dataclass
 class _Read:
     peer: str
-    xfer: Any  # nixl_xfer_handle; None once final and released
+    xfer: Any  # nixl_xfer_handle; None until posted, and once final and released
     state: ReadState = ReadState.PENDING
+
+
+@dataclass
+class _Post:
+    handle: int
+    peer: str
+    known: _Peer
+    remote: Any
+    local: Any
 
 
 class NixlPeerTransport:
@@ -90,6 +107,9 @@ class NixlPeerTransport:
         self._reads: dict[int, _Read] = {}
         self._handles = HandleReleaser(agent_name)
         self._ids = itertools.count(1)
+        self._posts: queue.SimpleQueue[_Post | None] = queue.SimpleQueue()
+        self._late_releases: deque[int] = deque()  # released while the poster held the lock
+        self._poster: threading.Thread | None = None
         self._base = region.data_address()
         self._size = region.layout.data_bytes
         try:
@@ -168,44 +188,42 @@ class NixlPeerTransport:
         remote_runs: Sequence[tuple[int, int]],
         local_runs: Sequence[tuple[int, int]],
     ) -> int:
-        """Post one READ; ValueError (nothing read) for bad runs, ConnectionError for a bad peer.
+        """Queue one READ; ValueError (nothing read) for bad runs, ConnectionError for an unknown peer.
 
-        A READ NIXL refuses (the connection was lost) fails the peer's other pending READs, then
-        the peer is reloaded from its last metadata and the READ posted once more: a producer that
-        is still there is read again without a new handshake; one that is gone is refused again.
+        The poster thread posts it. A READ NIXL refuses (the connection was lost) fails the peer's
+        other pending READs, then the peer is reloaded from its last metadata and the READ posted
+        once more: a producer that is still there is read again without a new handshake; one that
+        is gone is refused again, and the READ reports FAILED.
         """
-        with self._lock:
-            self._check_open()
-            known = self._peers.get(peer)
-            if known is None:
-                raise PeerUnreachable(f"peer agent {peer!r} is not registered; add_peer it first")
-            pieces = pair_runs(
-                remote_runs, local_runs, remote_bytes=known.info.area_bytes, local_bytes=self._size
+        if self._agent is None:
+            raise RuntimeError(f"NIXL data plane {self._name!r} is closed")
+        known = self._peers.get(peer)
+        if known is None:
+            raise PeerUnreachable(f"peer agent {peer!r} is not registered; add_peer it first")
+        pieces = pair_runs(
+            remote_runs, local_runs, remote_bytes=known.info.area_bytes, local_bytes=self._size
+        )
+        remote, local = descriptor_tables(pieces, known.info.base_address, self._base)
+        handle = next(self._ids)
+        self._reads[handle] = _Read(peer, None)
+        if self._poster is None:
+            self._poster = threading.Thread(
+                target=self._post_loop, name=f"nixl-post-{self._name}", daemon=True
             )
-            remote, local = descriptor_tables(pieces, known.info.base_address, self._base)
-            try:
-                xfer, status = self._post(peer, remote, local)
-            except PeerUnreachable as first:
-                self._fail_pending(peer)
-                if not self._reload(peer, known):
-                    raise
-                log.info("nixl_peer_reloaded", peer=peer, after=str(first))
-                try:
-                    xfer, status = self._post(peer, remote, local)
-                except PeerUnreachable:
-                    self._fail_pending(peer)
-                    raise
-            handle = next(self._ids)
-            self._reads[handle] = _Read(peer, xfer, status)
-            return handle
+            self._poster.start()
+        self._posts.put(_Post(handle, peer, known, remote, local))
+        return handle
 
     def read_state(self, handle: int) -> ReadState:
         """PENDING, DONE or FAILED; FAILED for an unknown or released handle. Never blocks."""
-        with self._lock:
-            read = self._reads.get(handle)
-            if read is None:
-                return ReadState.FAILED
-            if read.state is ReadState.PENDING and read.xfer is not None:
+        read = self._reads.get(handle)
+        if read is None:
+            return ReadState.FAILED
+        if read.state is not ReadState.PENDING or not self._lock.acquire(blocking=False):
+            return read.state  # final, or the poster is posting: it is still pending
+        try:
+            self._finish_late_releases()
+            if read.xfer is not None and read.state is ReadState.PENDING:
                 try:
                     status = self._agent.check_xfer_state(read.xfer)
                 except Exception as e:
@@ -215,22 +233,32 @@ class NixlPeerTransport:
                 if read.state is ReadState.FAILED:
                     self._fail_pending(read.peer)
             return read.state
+        finally:
+            self._lock.release()
 
     def release(self, handle: int) -> None:
-        """Forget a READ, asking NIXL to abort it if still running; idempotent."""
-        with self._lock:
-            read = self._reads.pop(handle, None)
-            if read is not None and read.xfer is not None:
-                self._handles.release(read.xfer)
-            self._handles.retry()
+        """Forget a READ, asking NIXL to abort it if still running; idempotent; never blocks."""
+        if not self._lock.acquire(blocking=False):
+            self._late_releases.append(handle)
+            return
+        try:
+            self._release(handle)
+            self._finish_late_releases()
+        finally:
+            self._lock.release()
 
     def close(self) -> None:
-        """Abort and release every READ, remove the peers, deregister the area; idempotent."""
+        """Stop the poster, abort and release every READ, remove the peers, deregister; idempotent."""
+        if self._poster is not None:
+            self._posts.put(None)
+            self._poster.join()
+            self._poster = None
         with self._lock:
             if self._agent is None:
                 return
+            self._finish_late_releases()
             for handle in list(self._reads):
-                self.release(handle)
+                self._release(handle)
             for name in list(self._peers):
                 self._forget_peer(name, reason="closed")
             self._handles.retry()
@@ -260,6 +288,46 @@ class NixlPeerTransport:
         self.close()
 
     # -- internals ------------------------------------------------------------------------------
+
+    def _post_loop(self) -> None:
+        while (job := self._posts.get()) is not None:
+            with self._lock:
+                read = self._reads.get(job.handle)
+                if read is None or self._agent is None:
+                    pass  # released (or closing) before its turn
+                elif self._peers.get(job.peer) is not job.known:
+                    read.state = ReadState.FAILED  # the peer was replaced or removed meanwhile
+                else:
+                    self._post_read(job, read)
+                self._finish_late_releases()
+
+    def _post_read(self, job: _Post, read: _Read) -> None:
+        try:
+            read.xfer, read.state = self._post(job.peer, job.remote, job.local)
+            return
+        except PeerUnreachable as first:
+            self._fail_pending(job.peer)
+            if not self._reload(job.peer, job.known):
+                log.warning("nixl_read_refused", peer=job.peer, error=str(first))
+                read.state = ReadState.FAILED
+                return
+            log.info("nixl_peer_reloaded", peer=job.peer, after=str(first))
+        try:
+            read.xfer, read.state = self._post(job.peer, job.remote, job.local)
+        except PeerUnreachable as again:
+            self._fail_pending(job.peer)
+            log.warning("nixl_read_refused", peer=job.peer, error=str(again))
+            read.state = ReadState.FAILED
+
+    def _release(self, handle: int) -> None:
+        read = self._reads.pop(handle, None)
+        if read is not None and read.xfer is not None:
+            self._handles.release(read.xfer)
+        self._handles.retry()
+
+    def _finish_late_releases(self) -> None:
+        while self._late_releases:
+            self._release(self._late_releases.popleft())
 
     def _check_open(self) -> None:
         if self._agent is None:
@@ -303,7 +371,7 @@ class NixlPeerTransport:
         In ucx_error_mode "none" UCX may never complete a READ that was in flight when its peer
         died; the next READ to that peer is refused, and this is where the stuck ones end.
         """
-        for read in self._reads.values():
+        for read in list(self._reads.values()):  # start_read adds to it without the lock
             if read.peer != peer or read.xfer is None:
                 continue
             if read.state is ReadState.PENDING:
