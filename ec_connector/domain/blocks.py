@@ -80,6 +80,23 @@ class ExtentAllocator:
             raise ValueError(f"cannot allocate {blocks} blocks")
         if blocks > self._free:
             return None
+        by_size = self._by_size
+        i = bisect_left(by_size, (blocks, -1))
+        if i < len(by_size):
+            # One free extent is large enough (the usual case): take the smallest such, in place.
+            size, start = by_size[i]
+            del by_size[i]
+            del self._length[start]
+            j = bisect_left(self._starts, start)
+            if blocks < size:
+                rest = start + blocks
+                self._starts[j] = rest  # the rest keeps the taken extent's place in address order
+                self._length[rest] = size - blocks
+                insort(by_size, (size - blocks, rest))
+            else:
+                del self._starts[j]
+            self._free -= blocks
+            return (Extent(start, blocks),)
         taken: list[Extent] = []
         remaining = blocks
         while remaining:
