@@ -7,7 +7,7 @@ completion reaches this side on every model runner (worker metadata is never nee
 The table is also read by the P2P services, whose producer side answers peers from an I/O thread:
 every public method holds `lock`, and so must any other user of `table`, with one exception:
 `has_item`, vLLM's per-item lookup, reads an entry's phase without `lock` once the step has
-polled (see there).
+polled (see there for why that is safe).
 """
 
 from __future__ import annotations
@@ -120,10 +120,12 @@ class TierScheduler:
         A True answer protects the entry from eviction until this step's plan is taken.
 
         Only the step's first call takes `lock` (to poll). The rest is one dict read of the entry's
-        phase, safe without `lock`: a dict read is atomic; phases change, and entries are evicted
-        or freed, only on the scheduler's thread, which is this one (the producer's I/O thread
-        only grants, releases and announces, none of which changes a phase or frees an entry); and
-        `_promised` and the hit/miss counters are this thread's alone.
+        phase, safe without `lock`: a dict read is atomic, and a READY entry stays READY until
+        this thread evicts it. The producer's I/O thread does change the table (it grants and
+        releases, and it polls: completions turn entries READY, expiry ends leases and frees
+        QUARANTINED entries), but it never evicts or frees a READY entry; a NOT_READY read that
+        races a completion is only a miss. `_promised` and the hit/miss counters are this
+        thread's alone.
         """
         if not self._polled:
             with self.lock:
