@@ -511,3 +511,14 @@ def test_metadata_stays_proportional_to_live_entries_and_deadlines():
     assert len(table._fifo) <= 2 * live + 64
     assert len(table._held) <= 2 * live + 64
     assert table.evictable_blocks(now + 1.0) == table.blocks.used_blocks
+
+
+def test_a_reservation_at_an_earlier_time_still_evicts_in_reservation_order():
+    table = _table(6)
+    _put_ready(table, "a", 3)
+    _put_ready(table, "b", 3)
+    table.pin("a")
+    table.unpin("a")  # listed as evictable again, after b
+    assert table.evictable_blocks(10.0) == 6
+    res = table.reserve("c", 3, now=5.0, lease_s=LEASE)
+    assert res is not None and [e.key for e in res.evicted] == ["a"]

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from ec_connector.domain import cache
 from ec_connector.domain.blocks import Extent, ExtentAllocator
 from ec_connector.domain.cache import EntryTable
 from ec_connector.domain.entries import Phase
@@ -469,8 +470,19 @@ def _run(table: EntryTable, model: Model, op: tuple, now: float, q: float) -> fl
 
 
 @SETTINGS
-@given(n_ops=st.integers(1, 80), q=st.integers(1, 5), data=st.data())
-def test_table_follows_the_reference_lifecycle(n_ops, q, data):
+@given(n_ops=st.integers(1, 80), q=st.integers(1, 5), compact=st.booleans(), data=st.data())
+def test_table_follows_the_reference_lifecycle(n_ops, q, compact, data):
+    # `compact`: the table rebuilds its heaps (dropping stale items) as often as it may, instead of
+    # only past 64 items, so the rebuilds are checked against the model too
+    saved = cache._MIN_COMPACT
+    cache._MIN_COMPACT = 1 if compact else saved
+    try:
+        _follow_the_reference_lifecycle(n_ops, q, data)
+    finally:
+        cache._MIN_COMPACT = saved
+
+
+def _follow_the_reference_lifecycle(n_ops: int, q: int, data: st.DataObject) -> None:
     table = EntryTable(NUM_BLOCKS)
     model = Model(NUM_BLOCKS)
     now = 0.0
