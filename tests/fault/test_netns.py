@@ -94,6 +94,7 @@ def test_transfers_cross_the_veth_pair_fall_back_when_the_link_drops_and_resume_
         down = f"ip link set {two_hosts['cveth']} down"
         params = producer.store("second", 128)
         got = consumer.call("fetch", params=params, items=[["second", 128]], bound_s=READ_BOUND, on_ok=down)
+        print("link down after the ack:", got["outcome"], f"{got['seconds']:.2f} s")
         assert got["fired"] and got["outcome"] == {"second": "fallback"}, got
         assert got["stats"]["read_timeouts"] + got["stats"]["reads_failed"] == 1, got["stats"]
         consumer.call("clean")  # the quarantine ends; nothing pinned or lost
@@ -101,12 +102,14 @@ def test_transfers_cross_the_veth_pair_fall_back_when_the_link_drops_and_resume_
         # 3. while it is down, a new item cannot be asked for: ack timeout (or peer lost) -> fallback
         params = producer.store("third", 16)
         got = consumer.call("fetch", params=params, items=[["third", 16]], bound_s=HEARTBEAT_LOSS_S)
+        print("link down, new request:", got["outcome"], f"{got['seconds']:.2f} s")
         assert got["outcome"] == {"third": "fallback"}, got
 
         # 4. link back up: transfers resume, byte-exact
         ip("-n", two_hosts["consumer"], "link", "set", two_hosts["cveth"], "up")
         params = producer.store("fourth", 128)
         got = consumer.call("fetch", params=params, items=[["fourth", 128]], bound_s=READ_BOUND + 10)
+        print("link back up:", got["outcome"], f"{got['seconds']:.2f} s")
         assert got["outcome"] == {"fourth": "read"}, got
         assert consumer.call("verify", key="fourth", rows=128) == {"equal": True}
         consumer.call("clean")

@@ -115,7 +115,9 @@ def seeds() -> list[bytes]:
             )
         ),
     ]
-    sealed = [bytes([len(f) | 1]) + f + AUTH.seal(REQUEST, f) for f in frames if len(f) < 255]
+    # sealed under another secret: a mutation that passes would be a forged MAC
+    other = FrameAuth(b"not-the-harness-secret")
+    sealed = [bytes([len(f) | 1]) + f + other.seal(REQUEST, f) for f in frames if len(f) < 255]
     params = json.dumps(
         publish({"img-a": {"image_grid_thw": [1, 4, 4]}}, {"img-a": 4096}, PeerAddress("h", 5601))
     )
