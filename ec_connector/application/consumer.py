@@ -188,7 +188,7 @@ class ConsumerFetcher:
             if item.key in self._tier.table:
                 return False  # a local save of the same item is in flight
             lease = self._config.consumer_ack_timeout_s + self._config.not_ready_give_up_s
-            reservation = self._tier.table.reserve(
+            reservation = self._tier.reserve_for_peer(
                 item.key, item.rows, now=now, lease_s=lease + self._config.read_timeout_s
             )
             fetch = _Fetch(
@@ -206,7 +206,6 @@ class ConsumerFetcher:
                 self._fall_back(item.key, now, "region_full")
                 self._log_transfer(item.key, fetch, now, "region_full")
                 return False
-            self._tier.account_evictions(reservation.evicted)
             self._fetches[item.key] = fetch
             self._ask(fetch)
             return True

@@ -23,7 +23,7 @@ import structlog
 
 from ec_connector.application.stats import Occupancy, TierStats
 from ec_connector.domain.blocks import Extent
-from ec_connector.domain.cache import EntryTable, Expiry
+from ec_connector.domain.cache import EntryTable, Expiry, Reservation
 from ec_connector.domain.config import ConnectorConfig
 from ec_connector.domain.entries import Entry, Phase
 from ec_connector.domain.layout import Layout
@@ -105,6 +105,15 @@ class TierScheduler:
         for victim in evicted:
             self.stats.evictions += 1
             self._publish(EventKind.EVICTED, victim.key, victim.rows)
+
+    def reserve_for_peer(self, key: str, rows: int, *, now: float, lease_s: float) -> Reservation | None:
+        """Reserve blocks for an item a peer will write (a P2P fetch), as a save would be reserved:
+        never evicting an item vLLM was promised this step; evictions counted and announced."""
+        with self.lock:
+            reservation = self._table.reserve(key, rows, now=now, lease_s=lease_s, protect=self._promised)
+            if reservation is not None:
+                self.account_evictions(reservation.evicted)
+            return reservation
 
     def on_grant_lapsed(self, listener: Callable[[str, int], None]) -> None:
         """Call `listener(key, grant_id)` (under `lock`) for each grant whose pin lease lapses."""

@@ -316,3 +316,17 @@ def test_a_save_that_landed_while_the_producer_engine_was_idle_is_served_without
     params = pair.desk.publish({"img": META})
     assert pair.run_until_available(params, [("img", 4)])
     assert pair.consumer_stats.nack_not_ready == 0 and pair.consumer_stats.reads_done == 1
+
+
+def test_a_fetch_never_evicts_an_item_promised_to_vllm_this_step():
+    pair = Pair(num_blocks=8)
+    first = pair.produce([("first", 6)])
+    assert pair.run_until_available(first, [("first", 6)])
+    second = pair.produce([("second", 6)])  # the producer evicts "first" for it; we hold our copy
+    pair.consumer.scheduler.take_plan()  # a new step
+    assert pair.consumer.scheduler.has_item("first"), "vLLM is told it can load 'first' this step"
+    assert pair.fetch(second, [("second", 6)]) is True, "no room without evicting 'first': encode"
+    assert pair.consumer.scheduler.table.is_ready("first")
+    assert pair.consumer_stats.fallbacks == 1
+    result = pair.consumer.step([("first", 6)])
+    assert result.loaded["first"] == encoder_output("first", 6)
