@@ -100,26 +100,46 @@ plausible_bodies = st.fixed_dictionaries(
 versions = st.sampled_from([PROTOCOL_VERSION, PROTOCOL_VERSION + 1, 0, -1, 2**64 - 1]) | msgpack_values
 
 
-@st.composite
-def mutated(draw, frame: st.SearchStrategy[bytes]) -> bytes:
-    """A frame with a few bytes flipped, inserted, deleted, duplicated, or cut short."""
-    data = bytearray(draw(frame))
-    for _ in range(draw(st.integers(1, 4))):
-        op = draw(st.sampled_from(["flip", "set", "insert", "delete", "dup", "truncate"]))
-        at = draw(st.integers(0, max(0, len(data) - 1)))
+_EDITS = st.lists(
+    st.tuples(
+        st.sampled_from(["flip", "set", "insert", "delete", "dup", "truncate"]),
+        st.floats(0, 1, exclude_max=True),  # where, as a fraction of the current length
+        st.integers(0, 7),
+        st.sampled_from([0x00, 0x7F, 0x80, 0xC0, 0xC1, 0xD9, 0xDC, 0xDD, 0xDF, 0xFF]),
+        st.binary(min_size=1, max_size=8),
+        st.integers(1, 16),
+    ),
+    min_size=1,
+    max_size=4,
+)
+
+
+def _apply(frame: bytes, edits: list[tuple]) -> bytes:
+    """A frame with a few bytes flipped, set, inserted, deleted, duplicated, or cut short.
+
+    Edits are drawn independently of the frame (positions are fractions), so the data drawn
+    never depends on earlier draws' values.
+    """
+    data = bytearray(frame)
+    for op, where, bit, value, insert, span in edits:
+        at = int(where * len(data))
         if op == "flip" and data:
-            data[at] ^= 1 << draw(st.integers(0, 7))
+            data[at] ^= 1 << bit
         elif op == "set" and data:
-            data[at] = draw(st.sampled_from([0x00, 0x7F, 0x80, 0xC0, 0xC1, 0xD9, 0xDC, 0xDD, 0xDF, 0xFF]))
+            data[at] = value
         elif op == "insert":
-            data[at:at] = draw(st.binary(min_size=1, max_size=8))
+            data[at:at] = insert
         elif op == "delete" and data:
-            del data[at : at + draw(st.integers(1, 8))]
+            del data[at : at + span]
         elif op == "dup" and data:
-            data[at:at] = data[at : at + draw(st.integers(1, 16))]
+            data[at:at] = data[at : at + span]
         elif op == "truncate":
             data = data[:at]
     return bytes(data)
+
+
+def mutated(frames: st.SearchStrategy[bytes]) -> st.SearchStrategy[bytes]:
+    return st.tuples(frames, _EDITS).map(lambda pair: _apply(*pair))
 
 
 valid_frames = messages.map(encode)
