@@ -13,7 +13,9 @@ from __future__ import annotations
 import os
 import time
 from collections import defaultdict
+from pathlib import Path
 
+import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 
@@ -51,6 +53,14 @@ def count(target: str) -> None:
     if _PROGRESS and _inputs[target] % 10_000 == 0:
         with open(_PROGRESS, "a") as f:
             f.write(f"{target}\t{_inputs[target]}\t{now - _first[target]:.1f} s\n")
+
+
+def pytest_collection_modifyitems(config, items) -> None:  # noqa: ANN001 (pytest hook)
+    """A long run (EC_FUZZ_EXAMPLES set) must not be cut by the suite's 300 s per-test timeout."""
+    if "EC_FUZZ_EXAMPLES" in os.environ:
+        for item in items:
+            if item.path.parent == Path(__file__).parent:
+                item.add_marker(pytest.mark.timeout(0))
 
 
 def pytest_terminal_summary(terminalreporter) -> None:  # noqa: ANN001 (pytest hook)
