@@ -13,6 +13,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from test_peer_contract import BOUND_S, LAYOUT, ProcessProducer, pattern, wait
@@ -182,91 +183,91 @@ def test_metadata_of_another_agent_is_refused_and_not_kept(shm_dir: Path) -> Non
             b.close()
 
 
-@needs_nixl
-def test_a_lost_connection_is_reloaded_from_the_peers_last_metadata(shm_dir: Path) -> None:
+SMALL = Layout(hidden_dim=64, dtype="bfloat16", num_blocks=16)
+PATTERN = bytes(range(256))
+
+
+@pytest.fixture
+def pair(shm_dir: Path) -> Iterator[tuple[Any, Any, ShmRegion]]:
+    """Two agents in this process: `a` reads (no progress thread) from `b`, whose area holds PATTERN
+    repeated; yields (a, b, a's region)."""
     from ec_connector.adapters.nixl_data import NixlPeerTransport
 
-    small = Layout(hidden_dim=64, dtype="bfloat16", num_blocks=16)
+    tag = uuid.uuid4().hex[:6]
     with (
-        ShmRegion.open(instance="r-a", dp_rank=0, layout=small, shm_dir=shm_dir) as ra,
-        ShmRegion.open(instance="r-b", dp_rank=0, layout=small, shm_dir=shm_dir) as rb,
+        ShmRegion.open(instance=f"a-{tag}", dp_rank=0, layout=SMALL, shm_dir=shm_dir) as ra,
+        ShmRegion.open(instance=f"b-{tag}", dp_rank=0, layout=SMALL, shm_dir=shm_dir) as rb,
     ):
         view = rb.data()
-        view[:] = bytes(range(256)) * (small.data_bytes // 256)
+        view[:] = PATTERN * (SMALL.data_bytes // 256)
         view.release()
-        a = NixlPeerTransport(ra, agent_name="r-a", progress_thread=False)
-        b = NixlPeerTransport(rb, agent_name="r-b")  # the side read from keeps its progress thread
+        a = NixlPeerTransport(ra, agent_name=f"a-{tag}", progress_thread=False)
+        b = NixlPeerTransport(rb, agent_name=f"b-{tag}")  # the side read from keeps its progress thread
         try:
-            a.add_peer("r-b", b.agent_metadata())
-            a._agent.remove_remote_agent("r-b")  # NIXL loses the peer behind the adapter's back
-            h = a.start_read("r-b", [(512, 1024)], [(0, 1024)])
-            assert wait(a, h)[0] is ReadState.DONE
-            view = ra.data()
-            assert bytes(view[:1024]) == (bytes(range(256)) * 4)
-            view.release()
-            assert a.peers == ["r-b"]
+            a.add_peer(b.agent_name, b.agent_metadata())
+            yield a, b, ra
         finally:
             a.close()
             b.close()
 
 
+def _bytes(region: ShmRegion, start: int, end: int) -> bytes:
+    view = region.data()
+    try:
+        return bytes(view[start:end])
+    finally:
+        view.release()
+
+
 @needs_nixl
-def test_the_callers_thread_never_waits_for_a_post_in_progress(shm_dir: Path) -> None:
+def test_a_lost_connection_is_reloaded_from_the_peers_last_metadata(pair) -> None:
+    a, b, ra = pair
+    a._agent.remove_remote_agent(b.agent_name)  # NIXL loses the peer behind the adapter's back
+    h = a.start_read(b.agent_name, [(512, 1024)], [(0, 1024)])
+    assert wait(a, h)[0] is ReadState.DONE
+    assert _bytes(ra, 0, 1024) == PATTERN * 4
+    assert a.peers == [b.agent_name]
+
+
+@needs_nixl
+def test_the_callers_thread_never_waits_for_a_post_in_progress(pair) -> None:
     """While the poster holds the agent (a same-host READ copies inside its post), start_read,
     read_state and release return at once; the READ is posted and the release done afterwards."""
     import threading
 
-    from ec_connector.adapters.nixl_data import NixlPeerTransport
+    a, b, ra = pair
+    held, done = threading.Event(), threading.Event()
 
-    small = Layout(hidden_dim=64, dtype="bfloat16", num_blocks=16)
-    with (
-        ShmRegion.open(instance="p-a", dp_rank=0, layout=small, shm_dir=shm_dir) as ra,
-        ShmRegion.open(instance="p-b", dp_rank=0, layout=small, shm_dir=shm_dir) as rb,
-    ):
-        view = rb.data()
-        view[:] = bytes(range(256)) * (small.data_bytes // 256)
-        view.release()
-        a = NixlPeerTransport(ra, agent_name="p-a", progress_thread=False)
-        b = NixlPeerTransport(rb, agent_name="p-b")
-        try:
-            a.add_peer("p-b", b.agent_metadata())
-            held, done = threading.Event(), threading.Event()
+    def hold_the_agent() -> None:  # stands in for the poster in the middle of a long post
+        with a._lock:
+            held.set()
+            done.wait(30)
 
-            def hold_the_agent() -> None:  # stands in for the poster in the middle of a long post
-                with a._lock:
-                    held.set()
-                    done.wait(30)
+    holder = threading.Thread(target=hold_the_agent)
+    holder.start()
+    held.wait(5)
+    answers: list[object] = []
 
-            holder = threading.Thread(target=hold_the_agent)
-            holder.start()
-            held.wait(5)
-            answers: list[object] = []
+    def caller() -> None:  # the engine's step thread
+        first = a.start_read(b.agent_name, [(0, 1024)], [(0, 1024)])
+        second = a.start_read(b.agent_name, [(1024, 512)], [(1024, 512)])
+        answers.extend([a.read_state(first), a.read_state(second)])
+        a.release(second)
+        answers.append(first)
 
-            def caller() -> None:  # the engine's step thread
-                first = a.start_read("p-b", [(0, 1024)], [(0, 1024)])
-                second = a.start_read("p-b", [(1024, 512)], [(1024, 512)])
-                answers.extend([a.read_state(first), a.read_state(second)])
-                a.release(second)
-                answers.append(first)
-
-            step = threading.Thread(target=caller)
-            step.start()
-            step.join(10)
-            assert not step.is_alive(), "a step-thread call waited for the agent"
-            assert answers[:2] == [ReadState.PENDING, ReadState.PENDING]
-            done.set()
-            holder.join()
-            first = answers[2]
-            assert wait(a, first)[0] is ReadState.DONE
-            view = ra.data()
-            assert bytes(view[:1024]) == bytes(range(256)) * 4
-            assert bytes(view[1024:1536]) == bytes(512)  # the released READ was never posted
-            view.release()
-            a.release(first)
-            assert a._reads == {}
-        finally:
-            a.close()
-            b.close()
+    step = threading.Thread(target=caller)
+    step.start()
+    step.join(10)
+    done.set()
+    holder.join()
+    assert not step.is_alive(), "a step-thread call waited for the agent"
+    assert answers[:2] == [ReadState.PENDING, ReadState.PENDING]
+    first = answers[2]
+    assert wait(a, first)[0] is ReadState.DONE
+    assert _bytes(ra, 0, 1024) == PATTERN * 4
+    assert _bytes(ra, 1024, 1536) == bytes(512)  # the released READ was never posted
+    a.release(first)
+    assert a._reads == {}
 
 
 def settle(consumer, handle: int, bound_s: float) -> ReadState:
