@@ -32,7 +32,7 @@ from ec_connector.application import TierScheduler, TierWorker
 from ec_connector.application.consumer import ConsumerFetcher
 from ec_connector.application.producer import ProducerDesk
 from ec_connector.application.stats import PeerStats
-from ec_connector.domain.config import ConnectorConfig, parse_config
+from ec_connector.domain.config import ConnectorConfig, Role, parse_config
 from ec_connector.domain.layout import Layout
 from ec_connector.domain.publish import PeerAddress
 from ec_connector.ports.control import ControlClient, ControlServer
@@ -108,6 +108,9 @@ def _peer_transport(region: Region, config: ConnectorConfig, agent_name: str) ->
         agent_name=agent_name,
         backend=config.nixl_backend,
         ucx_error_mode=config.ucx_error_mode,
+        # a producer's agent needs NIXL's progress thread (peers cannot connect otherwise); an
+        # ec_consumer's may go without it and progress when it polls its READs (saves a spinning core)
+        progress_thread=config.role is not Role.CONSUMER or config.nixl_consumer_progress_thread,
     )
     try:
         yield transport

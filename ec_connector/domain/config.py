@@ -55,6 +55,7 @@ class ConnectorConfig:
     not_ready_give_up_s: float = 10.0
     nixl_backend: str = "UCX"
     ucx_error_mode: str = "peer"
+    nixl_consumer_progress_thread: bool = True
     side_channel_secret: str | None = None
     event_feed_address: str | None = None
 
@@ -75,6 +76,7 @@ KNOWN_KEYS = frozenset(
         "ec_cpu_bytes",
         "ec_enable_nixl",
         "nixl_backend",
+        "nixl_consumer_progress_thread",
         "ucx_error_mode",
         "side_channel_secret",
         "event_feed_address",
@@ -170,6 +172,10 @@ def parse_config(extra: object, *, role: object) -> ConnectorConfig:
             fields[key] = parse_seconds(key, extra[key])
     if "nixl_backend" in extra:
         fields["nixl_backend"] = _parse_choice("nixl_backend", extra["nixl_backend"], NIXL_BACKENDS)
+    if "nixl_consumer_progress_thread" in extra:
+        fields["nixl_consumer_progress_thread"] = parse_bool_flag(
+            "nixl_consumer_progress_thread", extra["nixl_consumer_progress_thread"]
+        )
     if "ucx_error_mode" in extra:
         fields["ucx_error_mode"] = _parse_choice("ucx_error_mode", extra["ucx_error_mode"], UCX_ERROR_MODES)
     if "side_channel_secret" in extra:

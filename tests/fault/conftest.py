@@ -58,6 +58,7 @@ CONSUMER_EXTRA: dict[str, Any] = {
     "not_ready_backoff_s": 0.05,
     "not_ready_backoff_max_s": 0.4,
     "not_ready_give_up_s": 1.5,
+    "nixl_consumer_progress_thread": False,  # spares a core on the 2-core CI machine
 }
 SLACK_S = 2.0  # scheduling slack on a loaded 2-core machine, added to every bound
 HAVE_NIXL = __import__("importlib.util").util.find_spec("nixl") is not None
@@ -218,7 +219,7 @@ class ConsumerSide:
             agent_name=f"{self.name}_dp0",
             backend=self.config.nixl_backend,
             ucx_error_mode=self.config.ucx_error_mode,
-            progress_thread=False,
+            progress_thread=self.config.nixl_consumer_progress_thread,
         )
         self.stats = PeerStats()
         self.fetcher = ConsumerFetcher(

@@ -33,9 +33,9 @@ SECONDS_KEYS = [
 ]
 ALL_KEYS = (
     "announce_lease_s, consumer_ack_timeout_s, ec_cpu_bytes, ec_enable_nixl, event_feed_address, "
-    "nixl_backend, not_ready_backoff_max_s, not_ready_backoff_s, not_ready_give_up_s, "
-    "producer_pin_lease_s, quarantine_s, read_timeout_s, save_lease_s, side_channel_secret, "
-    "ucx_error_mode"
+    "nixl_backend, nixl_consumer_progress_thread, not_ready_backoff_max_s, not_ready_backoff_s, "
+    "not_ready_give_up_s, producer_pin_lease_s, quarantine_s, read_timeout_s, save_lease_s, "
+    "side_channel_secret, ucx_error_mode"
 )
 
 
@@ -177,6 +177,20 @@ def test_ec_cpu_bytes_smaller_than_one_block_is_rejected():
         "(7168 bytes = hidden_dim 3584 × bfloat16); expected an integer >= 7168"
     ):
         Layout.for_budget(config.cpu_bytes, hidden_dim=3584, dtype="bfloat16")
+
+
+# --- nixl_consumer_progress_thread ------------------------------------------------------------
+
+
+def test_consumer_progress_thread_is_on_unless_turned_off():
+    assert _parse().nixl_consumer_progress_thread is True
+    assert _parse(nixl_consumer_progress_thread=False).nixl_consumer_progress_thread is False
+    assert _parse(nixl_consumer_progress_thread="false").nixl_consumer_progress_thread is False
+    with _rejects(
+        "ec_connector_extra_config['nixl_consumer_progress_thread'] = 0 is invalid: expected a bool or a "
+        'string ("true", "1", "yes" enable; anything else disables)'
+    ):
+        _parse(nixl_consumer_progress_thread=0)
 
 
 # --- ec_enable_nixl ----------------------------------------------------------------------------
