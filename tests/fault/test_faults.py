@@ -151,9 +151,12 @@ def test_ack_timeout_a_stopped_producer_costs_the_ack_bound_and_its_late_grant_i
     assert consumer.stats.ack_timeouts == 1
     producer.signal(signal.SIGCONT)  # it now answers the stale request: OK, with a grant
     deadline = time.monotonic() + 10
-    while producer.state()["grants"] and time.monotonic() < deadline:
-        consumer.fetcher.poll()  # the late ack is answered with an XferDone
+    # Poll until the late ack has arrived (the producer may not have read the stale request yet
+    # when it first reports its state) and has been answered with an XferDone.
+    while not consumer.stats.late_acks and time.monotonic() < deadline:
+        consumer.fetcher.poll()
         time.sleep(0.01)
+    assert consumer.stats.late_acks == 1, "the stopped producer never answered the stale request"
     consumer.assert_clean()
     assert_producer_clean(producer)
 
