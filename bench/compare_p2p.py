@@ -254,16 +254,7 @@ def ours_consumer(conn, peer, name: str, cfg: dict, items: list[tuple[str, int]]
             engine_id=name,
             stats=container.peer_stats(),
         )
-        kind, detail = peer.recv()
-        if kind != "up":
-            raise RuntimeError(f"producer failed:\n{detail}")
-        for i, (key, rows) in enumerate(items):
-            size = rows * ROW_BYTES
-            expected = pattern(key, size).reshape(rows, ROW_BYTES)
-            peer.send(("put", key, rows))
-            kind, params = peer.recv()
-            if kind != "params":
-                raise RuntimeError(f"producer: {params}")
+        for i, (key, rows, expected, params) in enumerate(_stored_items(peer, items)):
             t0 = time.perf_counter()
             if fetcher.ensure_available(f"req-{i}", params, [WantedItem(key, rows)]):
                 raise RuntimeError("ensure_available did not start a fetch")
@@ -283,7 +274,7 @@ def ours_consumer(conn, peer, name: str, cfg: dict, items: list[tuple[str, int]]
             if not ok:
                 raise AssertionError(f"bytes differ for {key}")
             rec = {
-                "size_bytes": size,
+                "size_bytes": rows * ROW_BYTES,
                 "e2e_s": t1 - t0,
                 "read_s": t_read - t0,
                 "ack_bytes": control.ack_bytes[-1],
@@ -404,16 +395,7 @@ def vllm_consumer(conn, peer, name: str, cfg: dict, items: list[tuple[str, int]]
         if cfg["prefault"]:
             prefault(area.reshape(-1))
         last_ack = None
-        kind, detail = peer.recv()
-        if kind != "up":
-            raise RuntimeError(f"producer failed:\n{detail}")
-        for i, (key, rows) in enumerate(items):
-            size = rows * ROW_BYTES
-            expected = pattern(key, size).reshape(rows, ROW_BYTES)
-            peer.send(("put", key, rows))
-            kind, params = peer.recv()
-            if kind != "params":
-                raise RuntimeError(f"producer: {params}")
+        for i, (key, rows, expected, params) in enumerate(_stored_items(peer, items)):
             info = params[key]
             t0 = time.perf_counter()
             # ECCPUScheduler._admit_item / _start_xfer
@@ -457,7 +439,7 @@ def vllm_consumer(conn, peer, name: str, cfg: dict, items: list[tuple[str, int]]
             if not ok:
                 raise AssertionError(f"bytes differ for {key}")
             rec = {
-                "size_bytes": size,
+                "size_bytes": rows * ROW_BYTES,
                 "e2e_s": t1 - t0,
                 "read_s": t_read - t0,
                 "ack_bytes": ack_sizes[-1],
@@ -502,6 +484,20 @@ def _vllm_ack_at(m: dict, raw: bytes | None, num_blocks: int) -> int | None:
 
 
 SIDES = {"ours": (ours_producer, ours_consumer), "vllm": (vllm_producer, vllm_consumer)}
+
+
+def _stored_items(peer, items):  # noqa: ANN001, ANN202
+    """Wait for the producer process, then have it store each (key, rows) item; yields
+    (key, rows, the bytes a READ must bring, the producer's ec_transfer_params)."""
+    kind, detail = peer.recv()
+    if kind != "up":
+        raise RuntimeError(f"producer failed:\n{detail}")
+    for key, rows in items:
+        peer.send(("put", key, rows))
+        kind, params = peer.recv()
+        if kind != "params":
+            raise RuntimeError(f"producer: {params}")
+        yield key, rows, pattern(key, rows * ROW_BYTES).reshape(rows, ROW_BYTES), params
 
 
 def run_round(side: str, cfg: dict, sizes: tuple[int, ...], reps: int) -> dict:
