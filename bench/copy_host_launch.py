@@ -5,10 +5,13 @@ copies, which vary 30-100% run to run. Here every case is 20 warm-up calls and t
 calls, each on an idle device, inside `torch.inference_mode()` as vLLM's model runner calls the
 connector; it prints median, p10 and p90, and the cost of the pieces that do not depend on our code
 (the driver's batched copy submission and torch's `split` into per-entry views) measured alongside.
-Every case's bytes are verified once.
+Every case's bytes are verified once. Each case is also timed through `TierWorker` as vLLM's step
+thread drives it (bind the step's plan, `save` per item then `flush`; or `start_loads`), which adds
+the per-item checks and the bookkeeping around the copier.
 
     python bench/copy_host_launch.py              # needs CUDA
     python bench/copy_host_launch.py --iters 500 --json host.json
+    python bench/copy_host_launch.py --dma-min-bytes none   # every run through the copy kernel
 """
 
 from __future__ import annotations
@@ -29,10 +32,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.copy_bandwidth import scattered  # noqa: E402
 from ec_connector.adapters.memory import MemoryRegion  # noqa: E402
 from ec_connector.adapters.torch_copy import TorchCopier  # noqa: E402
+from ec_connector.adapters.torch_copy.copier import DMA_MIN_BYTES  # noqa: E402
 from ec_connector.adapters.torch_copy.plan import plan_runs  # noqa: E402
+from ec_connector.application.worker import TierWorker  # noqa: E402
 from ec_connector.domain.blocks import Extent  # noqa: E402
+from ec_connector.domain.config import Role  # noqa: E402
 from ec_connector.domain.layout import Layout  # noqa: E402
-from ec_connector.domain.transfers import PlannedCopy, SaveJob  # noqa: E402
+from ec_connector.domain.transfers import PlannedCopy, SaveJob, StepPlan  # noqa: E402
 
 BATCH = 32
 
@@ -84,10 +90,12 @@ def percentiles(xs: list[float]) -> dict[str, float]:
     }
 
 
-def measure(name: str, width: int, rows: int, extents: list, blocks: int, iters: int) -> dict:
+def measure(
+    name: str, width: int, rows: int, extents: list, blocks: int, iters: int, dma_min_bytes: int | None
+) -> dict:
     layout = Layout(hidden_dim=width, dtype="bfloat16", num_blocks=blocks)
     region = MemoryRegion(layout)
-    copier = TorchCopier(region, device="cuda")
+    copier = TorchCopier(region, device="cuda", dma_min_bytes=dma_min_bytes)
     if name.endswith("one output"):
         payloads = list(torch.randn(rows * len(extents), width, device="cuda").to(torch.bfloat16).split(rows))
     else:
@@ -117,8 +125,47 @@ def measure(name: str, width: int, rows: int, extents: list, blocks: int, iters:
         copier.drain_timings()
         return dt, out
 
+    worker = TierWorker(role=Role.BOTH, rank=0, writer=True, region=region, copier=copier)
+    cache = {f"k{i}": p for i, p in enumerate(payloads)}
+
+    def keyed() -> tuple[PlannedCopy, ...]:
+        return tuple(PlannedCopy(next(tickets), k, e, rows) for k, e in zip(cache, extents, strict=True))
+
+    def worker_save() -> float:
+        # what vLLM's step thread runs for a batch of offloads: the plan, save_caches per item, the flush
+        plan = StepPlan(saves=keyed())
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        worker.bind(plan)
+        for key in cache:
+            worker.save(cache, key)
+        worker.flush()
+        dt = time.perf_counter() - t0
+        torch.cuda.synchronize()
+        worker.flush()
+        region.drain_completions()
+        return dt
+
+    def worker_load() -> float:
+        plan = StepPlan(loads=keyed())
+        into: dict = {}
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        worker.bind(plan)
+        worker.start_loads(into)
+        dt = time.perf_counter() - t0
+        torch.cuda.synchronize()
+        worker.flush()
+        region.drain_completions()
+        return dt
+
     result: dict = {"case": name, "runs": sum(map(len, extents)), "entries": len(extents)}
-    for label, call in (("save", save), ("load", lambda: load()[0])):
+    for label, call in (
+        ("save", save),
+        ("load", lambda: load()[0]),
+        ("worker_save", worker_save),
+        ("worker_load", worker_load),
+    ):
         for _ in range(20):
             call()
         result[label] = percentiles([call() for _ in range(iters)])
@@ -132,7 +179,7 @@ def measure(name: str, width: int, rows: int, extents: list, blocks: int, iters:
         plan_runs(copies, blocks)
         xs.append(time.perf_counter() - t0)
     result["plan_us"] = statistics.median(xs) * 1e6
-    copier.close()
+    worker.close()
     region.close()
     return result
 
@@ -156,6 +203,24 @@ def floor_costs(iters: int) -> dict[str, float]:
         rt.memcpy_many(dsts, srcs, sizes, stream.cuda_stream)
         xs.append(time.perf_counter() - t0)
     out = {"cudaMemcpyBatchAsync of 32 x 448 KiB": statistics.median(xs) * 1e6}
+    torch.cuda.synchronize()
+    del host, dev
+    big = 16 << 20  # does the driver's submission cost grow with the bytes? (32 x 16 MiB, 1 x 512 MiB)
+    host = torch.empty(BATCH * big, dtype=torch.uint8, pin_memory=True)
+    dev = torch.empty(BATCH * big, dtype=torch.uint8, device="cuda")
+    for label, count, size in (("32 x 16 MiB", BATCH, big), ("2 x 256 MiB", 2, BATCH * big // 2)):
+        dsts = np.array([host.data_ptr() + i * size for i in range(count)], np.int64)
+        srcs = np.array([dev.data_ptr() + i * size for i in range(count)], np.int64)
+        sizes = np.full(count, size, np.int64)
+        xs = []
+        for _ in range(max(10, iters // 10)):
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            rt.memcpy_many(dsts, srcs, sizes, stream.cuda_stream)
+            xs.append(time.perf_counter() - t0)
+        out[f"cudaMemcpyBatchAsync of {label}"] = statistics.median(xs) * 1e6
+    torch.cuda.synchronize()
+    del host, dev
     whole = torch.empty((BATCH * 64, 3584), dtype=torch.bfloat16, device="cuda")
     xs = []
     for _ in range(iters):
@@ -181,7 +246,13 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument("--iters", type=int, default=200, help="timed calls per case (default 200)")
     parser.add_argument("--json", type=Path, default=None, help="write every number here")
+    parser.add_argument(
+        "--dma-min-bytes",
+        default=str(DMA_MIN_BYTES),
+        help=f"the copier's dma_min_bytes (default {DMA_MIN_BYTES}; 'none': every run to the kernel)",
+    )
     args = parser.parse_args(argv)
+    dma_min = None if args.dma_min_bytes.lower() == "none" else int(args.dma_min_bytes)
     if not torch.cuda.is_available():
         sys.exit(
             "copy_host_launch needs a CUDA device "
@@ -189,12 +260,12 @@ def main(argv: list[str] | None = None) -> None:
         )
     print(
         f"# {torch.cuda.get_device_name()} torch {torch.__version__}; "
-        f"batch of {BATCH} entries, {args.iters} calls"
+        f"batch of {BATCH} entries, {args.iters} calls, dma_min_bytes {dma_min}"
     )
     rows = []
     with torch.inference_mode():
         for name, width, n_rows, extents, blocks in cases(random.Random(1)):
-            r = measure(name, width, n_rows, extents, blocks, args.iters)
+            r = measure(name, width, n_rows, extents, blocks, args.iters, dma_min)
             rows.append(r)
             sv, ld = r["save"], r["load"]
             print(
@@ -202,6 +273,13 @@ def main(argv: list[str] | None = None) -> None:
                 f"save {sv['median_us']:7.1f} us ({sv['p10_us']:.0f}-{sv['p90_us']:.0f})  "
                 f"load {ld['median_us']:7.1f} us ({ld['p10_us']:.0f}-{ld['p90_us']:.0f})  "
                 f"plan {r['plan_us']:6.1f} us  bytes {'ok' if r['bytes_ok'] else 'WRONG'}",
+                flush=True,
+            )
+            ws, wl = r["worker_save"], r["worker_load"]
+            print(
+                f"{'  through TierWorker (bind, save x32, flush / start_loads)':42s} "
+                f"save {ws['median_us']:7.1f} us ({ws['p10_us']:.0f}-{ws['p90_us']:.0f})  "
+                f"load {wl['median_us']:7.1f} us ({wl['p10_us']:.0f}-{wl['p90_us']:.0f})",
                 flush=True,
             )
         floors = floor_costs(args.iters)

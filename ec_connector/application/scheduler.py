@@ -22,7 +22,6 @@ from enum import Enum
 import structlog
 
 from ec_connector.application.stats import Occupancy, TierStats
-from ec_connector.domain.blocks import Extent
 from ec_connector.domain.cache import EntryTable, Expiry, Reservation
 from ec_connector.domain.config import ConnectorConfig
 from ec_connector.domain.entries import Entry, Phase
@@ -161,7 +160,7 @@ class TierScheduler:
         now = self._clock.now()
         if entry is not None and entry.is_ready and self._config.role.loads:
             self._table.pin(key)
-            self._loads.append(self._plan(_Kind.LOAD, key, entry.extents, entry.rows, now))
+            self._loads.append(self._plan(_Kind.LOAD, entry, now))
             self.stats.loads_planned += 1
         elif entry is None and self._config.role.saves:
             self._plan_save(key, rows, now)
@@ -232,18 +231,19 @@ class TierScheduler:
             return
         self.account_evictions(reservation.evicted)
         entry = reservation.entry
-        copy = self._plan(_Kind.SAVE, key, entry.extents, rows, now)
+        copy = self._plan(_Kind.SAVE, entry, now)
         self._save_ticket[key] = copy.ticket
         self._saves.append(copy)
         self.stats.saves_planned += 1
 
-    def _plan(self, kind: _Kind, key: str, extents: tuple[Extent, ...], rows: int, now: float) -> PlannedCopy:
+    def _plan(self, kind: _Kind, entry: Entry, now: float) -> PlannedCopy:
+        key, rows = entry.key, entry.rows
         ticket = next(self._tickets)
         waiting_on = {0} if kind is _Kind.SAVE else set(range(self._ranks))
         size = rows * self._layout.block_size_bytes
         self._pending[ticket] = _Pending(kind, key, waiting_on, now, size)
         self._planned_keys.add(key)
-        return PlannedCopy(ticket=ticket, key=key, extents=extents, rows=rows)
+        return PlannedCopy(ticket, key, entry.extents, rows, entry.packed_extents())
 
     def _complete(self, completion: Completion) -> None:
         pending = self._pending.get(completion.ticket)

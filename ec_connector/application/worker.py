@@ -85,18 +85,17 @@ class TierWorker:
             log.debug("tier_reload_batch", rank=self._rank, entries=len(loads), rows=rows)
 
     def save(self, cache: Mapping[str, object], key: str) -> None:
-        """Queue the offload of `key` if this step planned it on this rank; a no-op otherwise."""
+        """Queue the offload of `key` if this step planned it on this rank; a no-op otherwise.
+
+        Payloads are validated once, by the copier, when `flush` launches the batch; a batch it
+        refuses is split there, so one bad payload fails only its own copy.
+        """
         copy = self._saves.pop(key, None)
         if copy is None:
             return
         payload = cache.get(key)
-        try:
-            if payload is None:
-                raise LayoutMismatch(f"encoder output {key!r} is not in the encoder cache")
-            with self._lock:
-                self._copier.check(payload, copy.rows)
-        except LayoutMismatch as err:
-            log.warning("offload_rejected", mm_hash=key, reason=str(err))
+        if payload is None:
+            log.warning("offload_rejected", mm_hash=key, reason="not in the encoder cache")
             self._report(copy.ticket, ok=False)
             return
         self._queued.append(SaveJob(copy, payload))
@@ -106,20 +105,43 @@ class TierWorker:
         with self._lock:
             if self._queued:
                 batch, self._queued = self._queued, []
-                try:
-                    self._copier.save(batch)
-                    if _debug_on(logging.DEBUG):
-                        rows = sum(job.copy.rows for job in batch)
-                        log.debug("tier_offload_batch", rank=self._rank, entries=len(batch), rows=rows)
-                except LayoutMismatch:
-                    log.exception("offload_batch_rejected", rank=self._rank, entries=len(batch))
-                    for job in batch:
-                        self._report(job.copy.ticket, ok=False)
+                self._launch(batch)
             self._report_ended()
             still_running = self._copier.in_flight() > 0
         if still_running:
             self._ensure_watcher()
             self._wake.set()
+
+    def _launch(self, batch: list[SaveJob]) -> None:
+        try:
+            self._copier.save(batch)  # nothing is written when it raises
+        except LayoutMismatch:
+            good = self._accepted(batch)
+            if len(good) < len(batch):
+                if good:
+                    self._launch(good)
+                return
+            # every payload fits: the batch itself is wrong (extents beyond the region, miscounted)
+            log.exception("offload_batch_rejected", rank=self._rank, entries=len(batch))
+            for job in batch:
+                self._report(job.copy.ticket, ok=False)
+            return
+        if _debug_on(logging.DEBUG):
+            rows = sum(job.copy.rows for job in batch)
+            log.debug("tier_offload_batch", rank=self._rank, entries=len(batch), rows=rows)
+
+    def _accepted(self, batch: list[SaveJob]) -> list[SaveJob]:
+        """The jobs whose payload fits their entry; the others are reported failed and logged."""
+        good = []
+        for job in batch:
+            try:
+                self._copier.check(job.payload, job.copy.rows)
+            except LayoutMismatch as err:
+                log.warning("offload_rejected", mm_hash=job.copy.key, reason=str(err))
+                self._report(job.copy.ticket, ok=False)
+            else:
+                good.append(job)
+        return good
 
     def clear(self) -> None:
         """End the step: launch what is queued; planned saves that never came are dropped."""

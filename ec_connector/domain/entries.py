@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import Enum
 
-from ec_connector.domain.blocks import Extent, total_blocks
+from ec_connector.domain.blocks import Extent, pack_extents, total_blocks
 from ec_connector.domain.errors import IllegalTransition
 
 
@@ -36,6 +36,7 @@ class Entry:
     announced_until: float = float("-inf")
     quarantined_until: float = float("-inf")
     order: int = 0  # the table's reservation sequence number: FIFO eviction goes by it
+    _packed: bytes = field(default=b"", repr=False)
 
     def __post_init__(self) -> None:
         if self.rows <= 0:
@@ -45,6 +46,12 @@ class Entry:
                 f"entry {self.key!r} has {self.rows} rows but its extents cover "
                 f"{total_blocks(self.extents)} blocks"
             )
+
+    def packed_extents(self) -> bytes:
+        """`pack_extents(extents)`, made on first use and kept: every copy of the entry carries it."""
+        if not self._packed:
+            self._packed = pack_extents(self.extents)
+        return self._packed
 
     @property
     def is_ready(self) -> bool:

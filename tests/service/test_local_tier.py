@@ -138,6 +138,19 @@ def test_payload_that_does_not_match_the_layout_is_dropped_and_nothing_written()
     assert eng.scheduler.table.blocks.free_blocks == eng.layout.num_blocks
 
 
+def test_one_bad_payload_fails_only_its_own_save_in_a_batch():
+    eng = Engine()
+    bad = HostPayload("float32", 2, 4, b"\0" * 32)
+    eng.step([("img-a", 2), ("img-b", 2), ("img-c", 3)], payloads={"img-b": bad})
+    eng.scheduler.poll()
+    assert "img-b" not in eng.scheduler.table
+    assert eng.scheduler.stats.saves_failed == 1
+    assert eng.step([("img-a", 2), ("img-c", 3)]).loaded == {
+        "img-a": encoder_output("img-a", 2),
+        "img-c": encoder_output("img-c", 3),
+    }
+
+
 def test_producer_role_never_reloads_and_consumer_role_never_offloads():
     producer = Engine(role=Role.PRODUCER)
     producer.step([("a", 2)])

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from operator import attrgetter
 
 import torch
 
@@ -70,6 +71,21 @@ class TorchCopier:
 
     def check(self, payload: object, rows: int) -> None:
         """Raise LayoutMismatch unless `payload` is `rows` rows of the region's width and dtype."""
+        if not self._fits(payload, rows):
+            self._mismatch(payload, rows)
+
+    def _fits(self, p: object, rows: int) -> bool:
+        # one cheap expression for the common case (get_device: -1 on CPU, the index on CUDA)
+        return (
+            type(p) is torch.Tensor
+            and p.dtype is self._dtype
+            and p.shape == (rows, self._layout.hidden_dim)
+            and p.get_device() == self._device_index
+            and (p.is_cuda if self._device_index >= 0 else p.is_cpu)  # get_device is -1 on meta too
+        )
+
+    def _mismatch(self, payload: object, rows: int) -> None:
+        """Raise the LayoutMismatch that names what is wrong with `payload` (if anything is)."""
         lay = self._layout
         want = f"a torch.Tensor [{rows}, {lay.hidden_dim}] of torch.{lay.dtype} on {self.device}"
         if not isinstance(payload, torch.Tensor):
@@ -101,22 +117,25 @@ class TorchCopier:
         payloads alive until their copy ends.
         """
         self._open()
-        payloads = [job.payload for job in jobs]
         copies = [job.copy for job in jobs]
+        sources = [job.payload for job in jobs]
         tensor, dtype, width, index = torch.Tensor, self._dtype, self._layout.hidden_dim, self._device_index
-        for p, copy in zip(payloads, copies, strict=True):
-            # the common case in one cheap expression (get_device: -1 on CPU, the index on CUDA);
-            # check() names the problem otherwise
+        on_device = attrgetter("is_cuda" if index >= 0 else "is_cpu")  # get_device is -1 on meta too
+        for i, (p, copy) in enumerate(zip(sources, copies, strict=True)):
+            # _fits inlined: this loop runs on the engine's step thread for every item
             if not (
                 type(p) is tensor
                 and p.dtype is dtype
                 and p.shape == (copy.rows, width)
                 and p.get_device() == index
+                and on_device(p)
             ):
-                self.check(p, copy.rows)
+                self._mismatch(p, copy.rows)
+            if not p.is_contiguous():
+                sources[i] = p.contiguous()
         runs = plan_runs(copies, self._layout.num_blocks)
         if jobs:
-            self._engine.save(runs, payloads)  # type: ignore[arg-type]
+            self._engine.save(runs, sources)  # type: ignore[arg-type]
 
     def load(self, copies: Sequence[PlannedCopy]) -> list[object]:
         """Start copying each entry into a new tensor on the device; non-blocking.

@@ -15,6 +15,7 @@ plan is a few numpy operations over the whole batch (plan.py), so host time bare
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Final
 
@@ -128,24 +129,25 @@ class CudaEngine:
 
     # -- the two directions -------------------------------------------------------------------
 
-    def save(self, runs: Runs, payloads: list[torch.Tensor]) -> None:
+    def save(self, runs: Runs, sources: list[torch.Tensor]) -> None:
+        """`sources`: contiguous payloads, one per copy (the copier validated them)."""
         caller = torch._C._cuda_getCurrentRawStream(self._index)
-        sources = tuple(p if p.is_contiguous() else p.contiguous() for p in payloads)
+        rb = self._row_bytes
         pointers = np.fromiter(map(_data_ptr, sources), np.int64, len(sources))
-        word, vec = _word(self._base_align | int(np.bitwise_or.reduce(pointers)))
-        # row r of the batch (r counted from the copy's first row) of copy e is at pointers[e] + r * rb
-        run_base = runs.per_run(pointers - runs.entry_firsts() * self._row_bytes)
-        dense = sources[0].view(_WORD_DTYPES[word])
+        rb = self._row_bytes
+        if runs.one_run_each:
+            at = pointers
+        else:  # run i's rows start at its payload's address plus its rows before it in the payload
+            at = runs.per_run(pointers - runs.entry_firsts() * rb) + runs.firsts * rb
         stream = self._next(self._save_streams)
-        self._submit("save", runs, caller, stream, dense, run_base, word, vec, sources)
+        self._submit("save", runs, caller, stream, at, sources)
 
     def load(self, runs: Runs) -> tuple[torch.Tensor, ...]:
         caller = torch._C._cuda_getCurrentRawStream(self._index)
         out = torch.empty((runs.total_rows, self._width), dtype=self._dtype, device=self._device)
-        word, vec = _word(self._base_align)
+        at = out.data_ptr() + runs.firsts * self._row_bytes
         stream = self._next(self._load_streams)
-        dense = out.view(_WORD_DTYPES[word])
-        end = self._submit("load", runs, caller, stream, dense, None, word, vec, ())
+        end = self._submit("load", runs, caller, stream, at, [out])
         # No record_stream: `out` belongs to the caller's stream, which waits here for the end event,
         # so whatever reuses its memory after it is freed is queued behind the copy.
         self._rt.wait(caller, end)
@@ -208,61 +210,26 @@ class CudaEngine:
         runs: Runs,
         caller: int,
         stream_obj: torch.cuda.Stream,
-        dense: torch.Tensor,
-        run_base: np.ndarray | None,
-        word: int,
-        vec: int,
-        keep: tuple[torch.Tensor, ...],
+        at: np.ndarray,
+        dense: list[torch.Tensor],
     ) -> int:
         """Queue the batch on `stream_obj`; returns its end event.
 
-        Run i's rows are at `run_base[i] + (firsts[i] + j) * rb` on the dense side (`run_base` None:
-        all in `dense`, back to back; else in the payloads `keep`, one per copy).
+        Run i's rows are at device address `at[i]` onward, in `dense`: one tensor per copy (saves,
+        kept alive until the end event) or one for the whole batch (loads, the caller's).
         """
         save = direction == "save"
         rb = self._row_bytes
         starts, lengths, firsts = runs.starts, runs.lengths, runs.firsts
-        dense_address = dense.data_ptr()
-        at = (dense_address if run_base is None else run_base) + firsts * rb  # each run's dense address
         if len(lengths) > FEW_RUNS:
-            owners = None if run_base is None else _Owners(runs, keep)
+            owners = _Owners(runs, dense) if save else None
             starts, lengths, firsts, at = _join_touching(starts, lengths, firsts, at, rb, owners)
         dma, kernel = self._split(lengths)
 
         slot: _Slot | None = None
         fire = None
         if kernel is not None:
-            if kernel is _ALL:
-                k_starts, k_lengths, k_firsts, k_rows = starts, lengths, firsts, runs.total_rows
-            else:
-                k_starts, k_lengths = starts[kernel], lengths[kernel]
-                k_ends = np.cumsum(k_lengths)
-                k_rows = int(k_ends[-1])
-                k_firsts = k_ends - k_lengths
-            if run_base is None and kernel is _ALL:
-                delta = None
-            else:
-                # the kernel puts its row r of run i at dense word r * row_words + delta[i]
-                delta = (at[kernel] - dense_address) // word - k_firsts * (rb // word)
-                if not delta.any():
-                    delta = None
-            inline = None
-            if delta is None and len(k_starts) <= self._kernels.INLINE_RUNS:
-                inline = self._kernels.inline_runs(k_starts.tolist(), k_lengths.tolist(), k_rows)
-            else:
-                slot = self._stage(k_firsts, k_starts, delta)
-            fire = self._launcher.bind(
-                self._region_words[word],
-                dense,
-                self._no_table if slot is None else slot.device,
-                word=word,
-                vec=vec,
-                n_runs=len(k_starts),
-                total_rows=k_rows,
-                inline=inline,
-                save=save,
-                delta=delta is not None,
-            )
+            slot, fire = self._kernel_launch(runs, starts, lengths, firsts, at, kernel, dense, save)
         if dma is not None:
             hosts = self._host_address + starts[dma] * rb
             denses = at[dma]
@@ -288,8 +255,58 @@ class CudaEngine:
             rt.record(self._join, side.cuda_stream)
             rt.wait(stream, self._join)
         rt.record(end, stream)
+        keep = tuple(dense) if save else ()
         self._pending.append(_Batch(direction, runs.tickets, runs.total_rows * rb, start, end, slot, keep))
         return end
+
+    def _kernel_launch(
+        self,
+        runs: Runs,
+        starts: np.ndarray,
+        lengths: np.ndarray,
+        firsts: np.ndarray,
+        at: np.ndarray,
+        kernel: slice | np.ndarray,
+        dense: list[torch.Tensor],
+        save: bool,
+    ) -> tuple[_Slot | None, Callable[[int], None] | None]:
+        """Stage the kernel's runs (or pass them inline) and bind its launch; (slot, fire)."""
+        rb = self._row_bytes
+        if kernel is _ALL:
+            k_starts, k_lengths, k_firsts, k_rows, k_at = starts, lengths, firsts, runs.total_rows, at
+        else:
+            k_starts, k_lengths, k_at = starts[kernel], lengths[kernel], at[kernel]
+            k_ends = np.cumsum(k_lengths)
+            k_rows = int(k_ends[-1])
+            k_firsts = k_ends - k_lengths
+        base = dense[0].data_ptr()
+        if save:  # every payload's address and the region's decide the widest common access
+            word, vec = _word(self._base_align | base | int(np.bitwise_or.reduce(k_at)))
+        else:
+            word, vec = _word(self._base_align | base)
+        # the kernel puts its row r of run i at dense word r * row_words + delta[i]
+        delta: np.ndarray | None = (k_at - base) // word - k_firsts * (rb // word)
+        if not delta.any():
+            delta = None
+        slot = None
+        inline = None
+        if delta is None and len(k_starts) <= self._kernels.INLINE_RUNS:
+            inline = self._kernels.inline_runs(k_starts.tolist(), k_lengths.tolist(), k_rows)
+        else:
+            slot = self._stage(k_firsts, k_starts, delta)
+        fire = self._launcher.bind(
+            self._region_words[word],
+            dense[0].view(_WORD_DTYPES[word]),
+            self._no_table if slot is None else slot.device,
+            word=word,
+            vec=vec,
+            n_runs=len(k_starts),
+            total_rows=k_rows,
+            inline=inline,
+            save=save,
+            delta=delta is not None,
+        )
+        return slot, fire
 
     def _split(self, lengths: np.ndarray) -> tuple[Selection, Selection]:
         """(runs for the copy engines, runs for the kernel): each None, _ALL or a boolean mask."""
@@ -362,9 +379,13 @@ class _Owners:
     that address, separately allocated tensors (even adjacent ones) do not.
     """
 
-    def __init__(self, runs: Runs, payloads: tuple[torch.Tensor, ...]) -> None:
-        self.of_run = runs.per_run(np.arange(len(payloads)))
+    def __init__(self, runs: Runs, payloads: list[torch.Tensor]) -> None:
+        self._runs = runs
         self._payloads = payloads
+
+    @property
+    def of_run(self) -> np.ndarray:
+        return self._runs.per_run(np.arange(len(self._payloads)))
 
     def storage_bases(self) -> np.ndarray:
         count = len(self._payloads)
@@ -392,16 +413,19 @@ def _join_touching(
     runs of different payloads are joined only when the payloads are views of one tensor, as an
     encoder's per-item outputs split from its batch output are.
     """
-    nbytes = lengths * row_bytes
-    touching = (starts[1:] == starts[:-1] + lengths[:-1]) & (at[1:] == at[:-1] + nbytes[:-1])
+    head = lengths[:-1]
+    touching = starts[1:] == starts[:-1] + head  # region side first: most batches stop here
     if not touching.any():
         return starts, lengths, firsts, at
-    if owners is not None:
+    touching &= at[1:] == at[:-1] + head * row_bytes
+    if owners is not None and touching.any():
         of_run = owners.of_run
         across = touching & (of_run[1:] != of_run[:-1])
         if across.any():
             bases = owners.storage_bases()
             touching &= ~across | (bases[of_run[1:]] == bases[of_run[:-1]])
+    if not touching.any():
+        return starts, lengths, firsts, at
     heads = np.flatnonzero(np.concatenate(([True], ~touching)))
     return starts[heads], np.add.reduceat(lengths, heads), firsts[heads], at[heads]
 

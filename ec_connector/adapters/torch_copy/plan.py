@@ -8,8 +8,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from itertools import chain
-from operator import attrgetter
 
 import numpy as np
 
@@ -52,32 +50,31 @@ class Runs:
         return values if self.one_run_each else np.repeat(values, self.counts)
 
 
-_start = attrgetter("start")
-_length = attrgetter("length")
-
-
 def plan_runs(copies: Sequence[PlannedCopy], num_blocks: int) -> Runs:
-    """Flatten the extents of `copies`; LayoutMismatch if any copy is outside the region or miscounted."""
+    """Flatten the extents of `copies`; LayoutMismatch if any copy is outside the region or miscounted.
+
+    Reads each copy's packed extents (`PlannedCopy.packed`) as one int64 buffer: no Python per run.
+    """
+    n_copies = len(copies)
     rows = [c.rows for c in copies]
-    extents = [c.extents for c in copies]
-    counts = list(map(len, extents))
-    flat = list(chain.from_iterable(extents))
-    n = len(flat)
-    starts = np.fromiter(map(_start, flat), np.int64, n)
-    lengths = np.fromiter(map(_length, flat), np.int64, n)
+    # (start, length) pairs -> two contiguous columns (numpy is 3-5x slower on strided views)
+    starts, lengths = np.frombuffer(b"".join([c.packed for c in copies]), np.int64).reshape(-1, 2).T.copy()
+    n = len(lengths)
     ends = np.cumsum(lengths)
-    one_each = n == len(copies) and (n == 0 or min(counts) == 1)
+    one_each = n == n_copies  # every copy has at least one run (PlannedCopy), so one each
     if one_each:
-        covered_ok = bool((lengths == np.array(rows, dtype=np.int64)).all())
+        counts = None
+        covered_ok = lengths.tolist() == rows  # one C-level list compare: cheaper than numpy here
     else:
+        counts = np.fromiter([len(c.packed) >> 4 for c in copies], np.int64, n_copies)
         cover = np.concatenate(([0], ends))[np.cumsum(counts)]
-        covered_ok = bool((cover == np.cumsum(rows)).all()) if rows else True
+        covered_ok = bool((cover == np.cumsum(rows)).all())
     if not covered_ok or (n and int((starts + lengths).max()) > num_blocks):
         _raise_for(copies, num_blocks)
     return Runs(
         tickets=[c.ticket for c in copies],
         rows=rows,
-        counts=np.array(counts, dtype=np.int64),
+        counts=np.ones(n, np.int64) if counts is None else counts,
         starts=starts,
         lengths=lengths,
         firsts=ends - lengths,
