@@ -109,7 +109,7 @@ def test_a_non_contiguous_payload_is_saved_by_value(region: MemoryRegion, copier
     assert region_bytes(region, extents) == as_bytes(view)
 
 
-@pytest.mark.parametrize("runs", [1, 4, 5], ids=lambda n: f"{n}runs")
+@pytest.mark.parametrize("runs", [1, 4, 5, 15, 16, 17], ids=lambda n: f"{n}runs")
 def test_entries_near_the_inline_limit_round_trip(
     region: MemoryRegion, copier: TorchCopier, runs: int
 ) -> None:

@@ -23,10 +23,10 @@ class TorchCopier:
 
     `device` is "cpu" or a CUDA device. Payloads must be on that device; non-contiguous payloads are
     copied to a contiguous tensor first. CUDA options (ignored on CPU): `streams` per direction;
-    runs of at least `dma_min_bytes`, and every run of a batch of at most four, go to the copy
-    engines (None: none do); the other runs to the copy kernel, whose tiles `tile_bytes` and
-    `num_warps` size, alongside. Close the copier before its region: it holds
-    a view of the region's memory (and, on CUDA, a registration) until `close()`.
+    runs of at least `dma_min_bytes`, and every run of a batch of at most four runs (or of at most
+    sixteen with a long one), go to the copy engines (None: none do); the other runs to the copy
+    kernel, whose tiles `tile_bytes` and `num_warps` size, alongside. Close the copier before its
+    region: it holds a view of the region's memory (and, on CUDA, a registration) until `close()`.
     """
 
     def __init__(

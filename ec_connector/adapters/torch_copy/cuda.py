@@ -34,6 +34,11 @@ _WORD_DTYPES = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 # copy costs ~5 µs on top of its bytes, while a kernel over a few hundred KiB of mapped host pages
 # lost ~25 µs to its first accesses (64-row entries of 7 KiB rows in 2 runs: 0.45x memcpy).
 FEW_RUNS = 4
+# A batch with long runs and at most this many runs goes wholly to the copy engines too: side by
+# side, the kernel's fixed cost (~20 µs before its first bytes land) and the join of the two streams
+# sat on top of the copies (a 2 MiB entry of 32 KiB rows in 8 runs of 1-16 rows: 0.54x memcpy mixed,
+# 0.81x on the copy engines alone).
+MIXED_MIN_RUNS = 16
 
 _ALL: Final = slice(None)  # every run of the batch
 Selection = slice | np.ndarray | None  # _ALL, a boolean mask over the runs, or no run
@@ -284,15 +289,19 @@ class CudaEngine:
             word, vec = _word(self._base_align | base | int(np.bitwise_or.reduce(k_at)))
         else:
             word, vec = _word(self._base_align | base)
-        # the kernel puts its row r of run i at dense word r * row_words + delta[i]
-        delta: np.ndarray | None = (k_at - base) // word - k_firsts * (rb // word)
-        if not delta.any():
-            delta = None
+        offsets = (k_at - base) // word  # dense word where each run's first row goes
         slot = None
         inline = None
-        if delta is None and len(k_starts) <= self._kernels.INLINE_RUNS:
-            inline = self._kernels.inline_runs(k_starts.tolist(), k_lengths.tolist(), k_rows)
+        delta: np.ndarray | None = None
+        if len(k_starts) <= self._kernels.INLINE_RUNS:
+            inline = self._kernels.inline_runs(
+                k_starts.tolist(), k_lengths.tolist(), offsets.tolist(), k_rows
+            )
         else:
+            # from the table, the kernel puts its row r of run i at dense word r * row_words + delta[i]
+            delta = offsets - k_firsts * (rb // word)
+            if not delta.any():
+                delta = None
             slot = self._stage(k_firsts, k_starts, delta)
         fire = self._launcher.bind(
             self._region_words[word],
@@ -309,7 +318,11 @@ class CudaEngine:
         return slot, fire
 
     def _split(self, lengths: np.ndarray) -> tuple[Selection, Selection]:
-        """(runs for the copy engines, runs for the kernel): each None, _ALL or a boolean mask."""
+        """(runs for the copy engines, runs for the kernel): each None, _ALL or a boolean mask.
+
+        Long runs (>= dma_min_bytes) to the copy engines, short ones to the kernel, side by side;
+        but small batches (FEW_RUNS, or MIXED_MIN_RUNS with a long run) to the copy engines alone.
+        """
         n = len(lengths)
         big = self._big_rows
         if n == 0:
@@ -320,7 +333,7 @@ class CudaEngine:
             return _ALL, None
         long = lengths >= big
         n_long = int(np.count_nonzero(long))
-        if n_long == n:
+        if n_long == n or (n_long and n <= MIXED_MIN_RUNS):
             return _ALL, None
         if n_long == 0:
             return None, _ALL
@@ -355,10 +368,12 @@ class CudaEngine:
         word, vec = _word(self._base_align | 16)
         dense = torch.empty(64, dtype=_WORD_DTYPES[word], device=self._device)
         for save, delta, inline in (
-            (True, True, False),
             (True, False, True),
-            (False, False, False),
             (False, False, True),
+            (True, True, False),
+            (True, False, False),
+            (False, True, False),
+            (False, False, False),
         ):
             self._launcher.prepare(
                 self._region_words[word],

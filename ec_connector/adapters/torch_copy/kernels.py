@@ -7,8 +7,9 @@ The host stages only the run table of the batch, three int64 columns of `n_runs`
     delta[i]  word offset added to `row * row_words` on the dense side (saves: it points the rows
               of each entry at that entry's own tensor; loads use one tensor and no delta)
 
-Batches of at most four runs into one tensor (a load, or a save of one entry) pass the runs as
-kernel arguments instead, which saves the table upload (a few µs that matter for small entries).
+When the kernel has at most sixteen runs, they are passed as kernel arguments instead (each with
+its dense word offset, so loads and saves alike): no table upload, which is a copy-engine copy the
+kernel must wait for (several µs, most of what a small scattered entry costs beyond its bytes).
 
 Each program copies a `BLOCK_R × BLOCK_C` tile of (dense row, word) pairs: it finds each row's run
 by binary search over `first` (a few cached loads), then moves the tile with 16-byte accesses where
@@ -28,8 +29,19 @@ import triton
 import triton.language as tl
 from triton import knobs
 
-INLINE_RUNS = 4
-_INLINE_ARGS = ["f1", "f2", "f3", "s0", "s1", "s2", "s3"]
+INLINE_RUNS = 16
+_INLINE_ARGS = (
+    [f"f{i}" for i in range(1, INLINE_RUNS)]
+    + [f"s{i}" for i in range(INLINE_RUNS)]
+    + [f"o{i}" for i in range(INLINE_RUNS)]
+)
+
+
+@triton.jit
+def _inline_run(rows, f, s, o, first, start, offset):
+    """Move each row's run (first, start, offset) on to the run beginning at batch row `f` if it is there."""
+    past = rows >= f
+    return tl.where(past, f, first), tl.where(past, s, start), tl.where(past, o, offset)
 
 
 @triton.jit(do_not_specialize=["n_runs", "total_rows", "top", "nsteps", *_INLINE_ARGS])
@@ -45,10 +57,50 @@ def _copy_runs(
     f1,
     f2,
     f3,
+    f4,
+    f5,
+    f6,
+    f7,
+    f8,
+    f9,
+    f10,
+    f11,
+    f12,
+    f13,
+    f14,
+    f15,
     s0,
     s1,
     s2,
     s3,
+    s4,
+    s5,
+    s6,
+    s7,
+    s8,
+    s9,
+    s10,
+    s11,
+    s12,
+    s13,
+    s14,
+    s15,
+    o0,
+    o1,
+    o2,
+    o3,
+    o4,
+    o5,
+    o6,
+    o7,
+    o8,
+    o9,
+    o10,
+    o11,
+    o12,
+    o13,
+    o14,
+    o15,
     SAVE: tl.constexpr,
     DELTA: tl.constexpr,
     INLINE: tl.constexpr,
@@ -60,9 +112,28 @@ def _copy_runs(
     rmask = rows < total_rows
     rows64 = rows.to(tl.int64)
     if INLINE:
-        # up to four runs passed as arguments: no table, no upload (small batches)
-        first = tl.where(rows >= f3, f3, tl.where(rows >= f2, f2, tl.where(rows >= f1, f1, 0))).to(tl.int64)
-        start = tl.where(rows >= f3, s3, tl.where(rows >= f2, s2, tl.where(rows >= f1, s1, s0))).to(tl.int64)
+        # up to sixteen runs passed as arguments (unused: f = total_rows): no table, no upload;
+        # run i's rows go to dense words o_i + (row - f_i) * row_words
+        first = tl.zeros([BLOCK_R], dtype=tl.int64)
+        start = tl.zeros([BLOCK_R], dtype=tl.int64) + s0
+        offset = tl.zeros([BLOCK_R], dtype=tl.int64) + o0
+        first, start, offset = _inline_run(rows, f1, s1, o1, first, start, offset)
+        first, start, offset = _inline_run(rows, f2, s2, o2, first, start, offset)
+        first, start, offset = _inline_run(rows, f3, s3, o3, first, start, offset)
+        first, start, offset = _inline_run(rows, f4, s4, o4, first, start, offset)
+        first, start, offset = _inline_run(rows, f5, s5, o5, first, start, offset)
+        first, start, offset = _inline_run(rows, f6, s6, o6, first, start, offset)
+        first, start, offset = _inline_run(rows, f7, s7, o7, first, start, offset)
+        first, start, offset = _inline_run(rows, f8, s8, o8, first, start, offset)
+        first, start, offset = _inline_run(rows, f9, s9, o9, first, start, offset)
+        first, start, offset = _inline_run(rows, f10, s10, o10, first, start, offset)
+        first, start, offset = _inline_run(rows, f11, s11, o11, first, start, offset)
+        first, start, offset = _inline_run(rows, f12, s12, o12, first, start, offset)
+        first, start, offset = _inline_run(rows, f13, s13, o13, first, start, offset)
+        first, start, offset = _inline_run(rows, f14, s14, o14, first, start, offset)
+        first, start, offset = _inline_run(rows, f15, s15, o15, first, start, offset)
+        hoff = (start + rows64 - first) * row_words
+        doff = offset + (rows64 - first) * row_words
     else:
         run = tl.zeros([BLOCK_R], dtype=tl.int32)
         step = top
@@ -73,10 +144,10 @@ def _copy_runs(
             step = step // 2
         first = tl.load(table + run, mask=rmask, other=0)
         start = tl.load(table + n_runs + run, mask=rmask, other=0)
-    hoff = (start + rows64 - first) * row_words
-    doff = rows64 * row_words
-    if DELTA:
-        doff += tl.load(table + 2 * n_runs + run, mask=rmask, other=0)
+        hoff = (start + rows64 - first) * row_words
+        doff = rows64 * row_words
+        if DELTA:
+            doff += tl.load(table + 2 * n_runs + run, mask=rmask, other=0)
     hoff = tl.multiple_of(hoff, VEC)
     doff = tl.multiple_of(doff, VEC)
     cols = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
@@ -115,8 +186,9 @@ def copy_runs(
 ) -> None:
     """Launch the batch copy on the current stream (`host`, `dense`: word-typed tensors).
 
-    `inline` = (f1, f2, f3, s0, s1, s2, s3): the first dense row and region block of up to four runs
-    (unused runs: f = total_rows); then `table` is not read and `delta` must be False.
+    `inline` = (f1..f15, s0..s15, o0..o15): the first batch row, region block and dense word
+    offset of up to INLINE_RUNS runs (unused runs: f = total_rows); then `table` is not read and
+    `delta` must be False.
     """
     if total_rows == 0:
         return
@@ -144,15 +216,13 @@ def copy_runs(
     )
 
 
-def inline_runs(starts: list[int], lengths: list[int], total_rows: int) -> tuple[int, ...]:
-    """The `inline` argument for at most INLINE_RUNS runs."""
-    firsts = list(accumulate(lengths[:-1])) if len(lengths) > 1 else []
-    return (
-        *firsts,
-        *[total_rows] * (INLINE_RUNS - 1 - len(firsts)),
-        *starts,
-        *[0] * (INLINE_RUNS - len(starts)),
-    )
+def inline_runs(
+    starts: list[int], lengths: list[int], offsets: list[int], total_rows: int
+) -> tuple[int, ...]:
+    """The `inline` argument for at most INLINE_RUNS runs (`offsets`: dense word of each run's first row)."""
+    firsts = list(accumulate(lengths[:-1]))
+    pad = INLINE_RUNS - len(starts)
+    return (*firsts, *[total_rows] * pad, *starts, *[0] * pad, *offsets, *[0] * pad)
 
 
 _NO_INLINE = (0,) * len(_INLINE_ARGS)
