@@ -7,7 +7,8 @@ completion table, one report per rank, so the scheduler side sees them on every 
 vLLM calls the worker hooks only in steps that schedule tokens, so copies still in flight when the
 engine goes idle would never be reported from the hooks alone (and the scheduler would keep the
 engine stepping for nothing). A watcher thread therefore reports copies that end between steps;
-every copier and region call is made under one lock.
+every copier and region call is made under one lock. Reports that find the rank's completion ring
+full (more than its slots in one step) wait in order and are posted as the scheduler side drains.
 """
 
 from __future__ import annotations
@@ -15,12 +16,13 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections import deque
 from collections.abc import Mapping, MutableMapping
 
 import structlog
 
 from ec_connector.domain.config import Role
-from ec_connector.domain.errors import LayoutMismatch
+from ec_connector.domain.errors import CompletionRingFull, LayoutMismatch
 from ec_connector.domain.transfers import Completion, PlannedCopy, SaveJob, StepPlan
 from ec_connector.ports.copier import Copier
 from ec_connector.ports.region import Region
@@ -55,6 +57,10 @@ class TierWorker:
         self._stopping = False
         self._watch_interval_s = watch_interval_s
         self._watcher: threading.Thread | None = None
+        # reports wait here while the rank's completion ring is full (the scheduler drains it each
+        # step); the step thread and the watcher post them in order as room appears
+        self._unposted: deque[Completion] = deque()
+        self._ring_full = False
 
     @property
     def rank(self) -> int:
@@ -107,7 +113,8 @@ class TierWorker:
                 batch, self._queued = self._queued, []
                 self._launch(batch)
             self._report_ended()
-            still_running = self._copier.in_flight() > 0
+            self._post_unposted()
+            still_running = self._busy()
         if still_running:
             self._ensure_watcher()
             self._wake.set()
@@ -153,7 +160,7 @@ class TierWorker:
 
     def has_in_flight(self) -> bool:
         with self._lock:
-            return bool(self._queued) or self._copier.in_flight() > 0
+            return bool(self._queued) or self._busy()
 
     def close(self) -> None:
         """Finish what is in flight, report it, release the copier; idempotent."""
@@ -165,10 +172,31 @@ class TierWorker:
         with self._lock:
             self._copier.close()
             self._report_ended()
+            if self._unposted:
+                log.warning("completions_unposted_at_close", rank=self._rank, count=len(self._unposted))
+
+    def _busy(self) -> bool:
+        """Copies in flight, or reports waiting for room in the completion ring (under the lock)."""
+        return self._copier.in_flight() > 0 or bool(self._unposted)
 
     def _report(self, ticket: int, *, ok: bool) -> None:
         with self._lock:  # one writer per rank's ring: the step thread or the watcher
-            self._region.post_completion(Completion(self._rank, ticket, ok))
+            self._unposted.append(Completion(self._rank, ticket, ok))
+            self._post_unposted()
+
+    def _post_unposted(self) -> None:
+        """Post waiting reports in order; those that find the ring full wait for the next try."""
+        unposted = self._unposted
+        while unposted:
+            try:
+                self._region.post_completion(unposted[0])
+            except CompletionRingFull:
+                if not self._ring_full:
+                    self._ring_full = True
+                    log.warning("completion_ring_full", rank=self._rank, waiting=len(unposted))
+                return
+            unposted.popleft()
+        self._ring_full = False
 
     def _report_ended(self) -> None:
         for ticket in self._copier.poll():
@@ -189,11 +217,12 @@ class TierWorker:
                 if self._stopping:
                     return
                 self._report_ended()
-                idle = self._copier.in_flight() == 0
+                self._post_unposted()
+                idle = not self._busy()
             if idle:
                 self._wake.clear()
                 with self._lock:  # a flush may have started copies after the check above
-                    if self._copier.in_flight() > 0:
+                    if self._busy():
                         self._wake.set()
             else:
                 time.sleep(self._watch_interval_s)

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import threading
 
-from ec_connector.domain.errors import RegionError
+from ec_connector.domain.errors import CompletionRingFull, RegionError
 from ec_connector.domain.transfers import TICKET_LIMIT, Completion
 
 from .header import READ_CURSOR_OFFSET, RING_HEAD, Geometry
@@ -73,7 +73,7 @@ class CompletionRings:
             count = w[self._count_word(rank)]
             unread = count - w[self._cursor_word(rank)]
             if unread >= self._geo.ring_slots:
-                raise RegionError(
+                raise CompletionRingFull(
                     f"completion ring of rank {rank} in {self._name} is full ({unread} unread of "
                     f"{self._geo.ring_slots}): the scheduler side has stopped draining completions"
                 )
