@@ -148,7 +148,11 @@ def main() -> int:
             )
         log = (work / "consumer.log").read_text()
         reads, fallbacks = log.count("outcome=read"), log.count("outcome=fallback")
-        print(f"  consumer log: {reads} NIXL read(s), {fallbacks} fallback(s) to local encoding")
+        unavailable = log.count("outcome=unavailable")
+        print(
+            f"  consumer log: {reads} NIXL read(s), {fallbacks} fallback(s) to local encoding, "
+            f"{unavailable} request(s) failed for an item no peer could serve"
+        )
         print(f"  {served}/{args.requests} requests served through the producer's encodings")
         return 0 if served == args.requests and reads >= args.requests else 1
     finally:

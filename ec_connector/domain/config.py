@@ -86,7 +86,15 @@ KNOWN_KEYS = frozenset(
 
 
 def _reject(key: str, value: object, form: str) -> ConfigError:
-    return ConfigError(f"{EXTRA}[{key!r}] = {value!r} is invalid: expected {form}")
+    return ConfigError(f"{EXTRA}[{key!r}] = {_shown(value)} is invalid: expected {form}")
+
+
+def _shown(value: object, limit: int = 80) -> str:
+    """`repr(value)` cut to `limit` characters (a huge int has no repr past 4300 digits)."""
+    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 256:
+        return f"<an integer of {value.bit_length()} bits>"
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def parse_role(value: object) -> Role:
@@ -119,6 +127,8 @@ def parse_cpu_bytes(extra: Mapping[str, Any]) -> int:
     value = extra[key]
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
         raise _reject(key, value, "a positive integer number of bytes, e.g. 1073741824")
+    if value >= 1 << 63:  # no file, mapping or offset can be this large
+        raise _reject(key, value, "a number of bytes below 2**63 (the region is one /dev/shm file)")
     return value
 
 

@@ -166,6 +166,13 @@ def test_bad_ec_cpu_bytes_is_rejected(value, shown):
         parse_config({"ec_cpu_bytes": value}, role="ec_producer")
 
 
+@pytest.mark.parametrize("key", ["ec_cpu_bytes", "consumer_ack_timeout_s"])
+def test_a_huge_integer_is_rejected_without_printing_it(key):
+    # Python refuses to repr an int of more than 4300 digits; the message must still be a ConfigError
+    with pytest.raises(ConfigError, match=re.escape(f"[{key!r}] = <an integer of 16610 bits> is invalid")):
+        parse_config({"ec_cpu_bytes": 1 << 30, key: 10**5000}, role="ec_producer")
+
+
 def test_ec_cpu_bytes_is_kept_exactly():
     assert _parse(ec_cpu_bytes=12345).cpu_bytes == 12345
 
