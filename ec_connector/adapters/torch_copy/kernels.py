@@ -20,6 +20,7 @@ engine gives it only the runs shorter than `dma_min_bytes`; longer ones go to th
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from itertools import accumulate
 from typing import Any
@@ -160,9 +161,14 @@ def _copy_runs(
         tl.store(dptr, tl.load(hptr, mask=mask), mask=mask)
 
 
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+@functools.cache
 def tile(row_words: int, word: int, tile_bytes: int) -> tuple[int, int]:
     """(BLOCK_R, BLOCK_C): columns up to 4 KiB of a row, then rows (a power of two) to fill `tile_bytes`."""
-    block_c = min(triton.next_power_of_2(row_words), max(1, 4096 // word))
+    block_c = min(1 << (row_words - 1).bit_length(), max(1, 4096 // word))
     block_r = 1
     while block_r * 2 * block_c * word <= tile_bytes:
         block_r *= 2
@@ -195,7 +201,7 @@ def copy_runs(
     nsteps = (n_runs - 1).bit_length()
     top = 1 << (nsteps - 1) if nsteps else 0
     block_r, block_c = block
-    grid = (triton.cdiv(total_rows, block_r), triton.cdiv(row_words, block_c))
+    grid = (_cdiv(total_rows, block_r), _cdiv(row_words, block_c))
     _copy_runs[grid](
         host,
         dense,
@@ -271,7 +277,8 @@ class Launcher:
         )
         # pointers as plain ints: the launcher takes them as they are, without calling data_ptr()
         launch_args = (host.data_ptr(), dense.data_ptr(), table.data_ptr(), *args[3:])
-        g0, g1 = triton.cdiv(total_rows, args[-2]), triton.cdiv(args[7], args[-1])
+        # plain integer division: triton.cdiv is a JIT function, several µs per call from Python
+        g0, g1 = _cdiv(total_rows, args[-2]), _cdiv(args[7], args[-1])
         hooks = knobs.runtime
 
         def fire(stream: int) -> None:
