@@ -232,7 +232,8 @@ def test_a_lost_connection_is_reloaded_from_the_peers_last_metadata(pair) -> Non
 @needs_nixl
 def test_the_callers_thread_never_waits_for_a_post_in_progress(pair) -> None:
     """While the poster holds the agent (a same-host READ copies inside its post), start_read,
-    read_state and release return at once; the READ is posted and the release done afterwards."""
+    read_state and release return at once (read_state of the oldest READ not yet posted after at
+    most HANDOFF_S, 1 ms); the READ is posted and the release done afterwards."""
     import threading
 
     a, b, ra = pair

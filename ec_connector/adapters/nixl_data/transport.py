@@ -16,16 +16,27 @@ inside the post itself (a cma copy: tens of ms for 32 MiB on the CPU VM), and th
 engine's scheduler step. `start_read` checks the runs and queues the READ; `read_state` answers
 PENDING without waiting while the poster holds the lock; `release` of a READ then is finished by
 the poster (or the next caller that gets the lock). Only `add_peer` and `close` wait for the lock.
+
+The GIL handoff: the poster runs Python before and after `transfer()` (which releases the GIL
+while UCX copies). A thread waiting for the GIL gets it when the holder blocks, or else only after
+the interpreter's switch interval (5 ms): releasing it for a moment (`sleep(0)`) does not hand it
+over, the releasing thread takes it back first. A caller polling `read_state` in a loop therefore
+held each of the poster's handoffs up to 5 ms (9 MiB READ ~20 ms, ~3 ms when posted inline;
+docs/benchmarks.md, session 3). So `read_state` of the oldest READ not yet posted blocks on that
+READ's "posted" event for at most `HANDOFF_S` (1 ms): the poster gets the GIL at once, and the
+caller wakes as soon as the post is done (a same-host READ is then DONE). Only that one READ
+waits, so a poll of many pending READs waits at most 1 ms.
 """
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import queue
 import threading
 from collections import deque
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import structlog
@@ -41,6 +52,7 @@ from .runs import descriptor_tables, pair_runs
 log = structlog.get_logger(__name__)
 
 UCX_ERROR_MODES = ("none", "peer")
+HANDOFF_S = 0.001  # the longest read_state waits for the poster (module docstring)
 _STATES = {"DONE": ReadState.DONE, "PROC": ReadState.PENDING}
 
 
@@ -64,6 +76,7 @@ class _Read:
     peer: str
     xfer: Any  # nixl_xfer_handle; None until posted, and once final and released
     state: ReadState = ReadState.PENDING
+    posted: threading.Event = field(default_factory=threading.Event)  # the poster is done with it
 
 
 @dataclass
@@ -109,6 +122,7 @@ class NixlPeerTransport:
         self._ids = itertools.count(1)
         self._posts: queue.SimpleQueue[_Post | None] = queue.SimpleQueue()
         self._late_releases: deque[int] = deque()  # released while the poster held the lock
+        self._queued: deque[int] = deque()  # handles queued for the poster, oldest first
         self._poster: threading.Thread | None = None
         self._base = region.data_address()
         self._size = region.layout.data_bytes
@@ -211,16 +225,28 @@ class NixlPeerTransport:
                 target=self._post_loop, name=f"nixl-post-{self._name}", daemon=True
             )
             self._poster.start()
+        self._queued.append(handle)
         self._posts.put(_Post(handle, peer, known, remote, local))
         return handle
 
     def read_state(self, handle: int) -> ReadState:
-        """PENDING, DONE or FAILED; FAILED for an unknown or released handle. Never blocks."""
+        """PENDING, DONE or FAILED; FAILED for an unknown or released handle.
+
+        Waits at most HANDOFF_S, and only for the oldest READ not yet posted (module docstring).
+        """
         read = self._reads.get(handle)
         if read is None:
             return ReadState.FAILED
-        if read.state is not ReadState.PENDING or not self._lock.acquire(blocking=False):
-            return read.state  # final, or the poster is posting: it is still pending
+        if read.state is not ReadState.PENDING:
+            return read.state
+        if not read.posted.is_set():
+            queued = self._queued
+            if queued and queued[0] == handle:
+                read.posted.wait(HANDOFF_S)  # blocks: the poster gets the GIL now
+            if not read.posted.is_set():
+                return read.state
+        if not self._lock.acquire(blocking=False):
+            return read.state  # final, or the poster is posting another READ: still as it was
         try:
             self._finish_late_releases()
             if read.xfer is not None and read.state is ReadState.PENDING:
@@ -299,6 +325,10 @@ class NixlPeerTransport:
                     read.state = ReadState.FAILED  # the peer was replaced or removed meanwhile
                 else:
                     self._post_read(job, read)
+                with contextlib.suppress(ValueError):  # concurrent start_reads may queue out of order
+                    self._queued.remove(job.handle)
+                if read is not None:
+                    read.posted.set()
                 self._finish_late_releases()
 
     def _post_read(self, job: _Post, read: _Read) -> None:
