@@ -13,8 +13,9 @@ vLLM starts, so one setting covers the API server, EngineCore and the workers.
 from __future__ import annotations
 
 import logging
+import re
 import sys
-from collections.abc import Mapping
+from collections.abc import Mapping, MutableMapping
 from typing import Any
 
 import structlog
@@ -38,6 +39,42 @@ def options_from_env(environ: Mapping[str, str]) -> dict[str, Any]:
     return {"json": json, "level": level}
 
 
+_KEY_BREAK = re.compile(r"[\x00- ]")  # what logfmt cannot carry in a key (control chars, space)
+
+
+class LogfmtLine:
+    """One logfmt line per event, `event` first: the output of structlog's
+    `LogfmtRenderer(key_order=["event"], drop_missing=True)`, for about half its cost.
+
+    structlog checks every key character by character in Python; here a compiled pattern does. It
+    runs on the engine's step thread for every INFO line (one per peer transfer, for instance).
+    """
+
+    def __call__(self, _: object, __: str, event_dict: MutableMapping[str, Any]) -> str:
+        event = event_dict.pop("event", None)
+        elements = [] if event is None else [_pair("event", event)]
+        elements += [_pair(key, value) for key, value in event_dict.items()]
+        return " ".join(elements)
+
+
+def _pair(key: str, value: object) -> str:
+    if _KEY_BREAK.search(key):
+        raise ValueError(f'Invalid key: "{key}"')
+    if value is None:
+        return key + "="
+    if value is True:
+        return key  # a flag
+    text = "false" if value is False else str(value)
+    quoted = " " in text or "=" in text or '"' in text
+    if quoted and "\\" in text:
+        text = text.replace("\\", "\\\\")
+    if '"' in text:
+        text = text.replace('"', '\\"')
+    if "\n" in text:
+        text = text.replace("\n", "\\n")
+    return f'{key}="{text}"' if quoted else f"{key}={text}"
+
+
 def configure_logging(*, json: bool = False, level: int | str = logging.INFO) -> None:
     """Configure structlog for this process; calling again with the same arguments does nothing."""
     global _configured
@@ -46,11 +83,7 @@ def configure_logging(*, json: bool = False, level: int | str = logging.INFO) ->
         raise ValueError(f"log level {level!r} is not a logging level name")
     if _configured == (json, numeric):
         return
-    renderer = (
-        structlog.processors.JSONRenderer(sort_keys=True)
-        if json
-        else structlog.processors.LogfmtRenderer(key_order=["event"], drop_missing=True)
-    )
+    renderer = structlog.processors.JSONRenderer(sort_keys=True) if json else LogfmtLine()
     structlog.configure(
         processors=[
             structlog.contextvars.merge_contextvars,
