@@ -22,6 +22,7 @@ import random
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -102,31 +103,41 @@ def measure(
         payloads = [torch.randn(rows, width, device="cuda").to(torch.bfloat16) for _ in extents]
     tickets = iter(range(1, 1 << 60))
 
+    worker = TierWorker(role=Role.BOTH, rank=0, writer=True, region=region, copier=copier)
+    cache = {f"k{i}": p for i, p in enumerate(payloads)}
+
+    def host_time(launch: Callable[[], object], settle: Callable[[], object]) -> float:
+        """Host seconds of `launch()` on an idle device; then wait for the device and `settle()`."""
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        launch()
+        dt = time.perf_counter() - t0
+        torch.cuda.synchronize()
+        settle()
+        return dt
+
+    def settle_copier() -> None:
+        copier.poll()
+        copier.drain_timings()
+
+    def settle_worker() -> None:
+        worker.flush()
+        region.drain_completions()
+
     def save() -> float:
         pairs = zip(extents, payloads, strict=True)
         jobs = [SaveJob(PlannedCopy(next(tickets), "k", e, rows), p) for e, p in pairs]
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        copier.save(jobs)
-        dt = time.perf_counter() - t0
-        torch.cuda.synchronize()
-        copier.poll()
-        copier.drain_timings()
-        return dt
+        return host_time(lambda: copier.save(jobs), settle_copier)
 
-    def load() -> tuple[float, list]:
+    loaded: list = []
+
+    def load() -> float:
         copies = [PlannedCopy(next(tickets), "k", e, rows) for e in extents]
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        out = copier.load(copies)
-        dt = time.perf_counter() - t0
-        torch.cuda.synchronize()
-        copier.poll()
-        copier.drain_timings()
-        return dt, out
 
-    worker = TierWorker(role=Role.BOTH, rank=0, writer=True, region=region, copier=copier)
-    cache = {f"k{i}": p for i, p in enumerate(payloads)}
+        def launch() -> None:
+            loaded[:] = copier.load(copies)
+
+        return host_time(launch, settle_copier)
 
     def keyed() -> tuple[PlannedCopy, ...]:
         return tuple(PlannedCopy(next(tickets), k, e, rows) for k, e in zip(cache, extents, strict=True))
@@ -134,35 +145,28 @@ def measure(
     def worker_save() -> float:
         # what vLLM's step thread runs for a batch of offloads: the plan, save_caches per item, the flush
         plan = StepPlan(saves=keyed())
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        worker.bind(plan)
-        for key in cache:
-            worker.save(cache, key)
-        worker.flush()
-        dt = time.perf_counter() - t0
-        torch.cuda.synchronize()
-        worker.flush()
-        region.drain_completions()
-        return dt
+
+        def launch() -> None:
+            worker.bind(plan)
+            for key in cache:
+                worker.save(cache, key)
+            worker.flush()
+
+        return host_time(launch, settle_worker)
 
     def worker_load() -> float:
         plan = StepPlan(loads=keyed())
-        into: dict = {}
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        worker.bind(plan)
-        worker.start_loads(into)
-        dt = time.perf_counter() - t0
-        torch.cuda.synchronize()
-        worker.flush()
-        region.drain_completions()
-        return dt
+
+        def launch() -> None:
+            worker.bind(plan)
+            worker.start_loads({})
+
+        return host_time(launch, settle_worker)
 
     result: dict = {"case": name, "runs": sum(map(len, extents)), "entries": len(extents)}
     for label, call in (
         ("save", save),
-        ("load", lambda: load()[0]),
+        ("load", load),
         ("worker_save", worker_save),
         ("worker_load", worker_load),
     ):
@@ -170,8 +174,8 @@ def measure(
             call()
         result[label] = percentiles([call() for _ in range(iters)])
     save()
-    _, out = load()
-    result["bytes_ok"] = all(torch.equal(a, b) for a, b in zip(out, payloads, strict=True))
+    load()
+    result["bytes_ok"] = all(torch.equal(a, b) for a, b in zip(loaded, payloads, strict=True))
     copies = [PlannedCopy(next(tickets), "k", e, rows) for e in extents]
     xs = []
     for _ in range(iters):
