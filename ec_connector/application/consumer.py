@@ -5,9 +5,10 @@ fetcher reserves local blocks, asks the producer (XferReq), and on an OK ack REA
 those blocks; the entry then becomes READY and the item loads from the local tier as usual.
 
 Every path ends within a bound: an ack not received within `consumer_ack_timeout_s`, a READ not
-done within `read_timeout_s`, or NACK_NOT_READY for longer than `not_ready_give_up_s` fall back to
-local encoding. NACK_NOT_READY keeps the reservation (retried with backoff); a READ given up on
-leaves its blocks quarantined, since a DMA may still write them. A request whose media were
+done within `read_timeout_s` (or whose producer's control connection is lost first: heartbeats),
+or NACK_NOT_READY for longer than `not_ready_give_up_s` fall back to local encoding.
+NACK_NOT_READY keeps the reservation (retried with backoff); a READ given up on leaves its blocks
+quarantined, since a DMA may still write them. A request whose media were
 rewritten away and whose item cannot be fetched is reported by `take_unavailable`.
 
 Each fetch ends with exactly one INFO line, `peer_transfer`, whatever its outcome: `read` (the
@@ -299,11 +300,27 @@ class ConsumerFetcher:
         self._log_transfer(key, fetch, now)
 
     def _peer_lost(self, address: PeerAddress) -> None:
+        """The control connection to a producer went down (closed, or heartbeats unanswered).
+
+        Its fetches fall back now rather than at their deadlines. A READ already posted is given
+        up as a read timeout is (its blocks quarantined, a DMA may still land): a stopped or
+        partitioned producer then costs the heartbeat timeout, not the whole `read_timeout_s`.
+        """
         now = self._clock.now()
         for key, fetch in list(self._fetches.items()):
-            if fetch.ref.address == address and fetch.state is not _State.READING:
-                self.stats.peers_lost += 1
-                with self._bound(key, fetch):
+            if fetch.ref.address != address:
+                continue
+            self.stats.peers_lost += 1
+            with self._bound(key, fetch):
+                if fetch.state is _State.READING:
+                    assert fetch.handle is not None
+                    if self._transport.read_state(fetch.handle) is ReadState.DONE:
+                        self._transport.release(fetch.handle)
+                        self._done(key, fetch, now)  # the bytes made it before the link went
+                        continue
+                    self._transport.release(fetch.handle)
+                    self._fail(key, fetch, now, "peer_lost", quarantine=True)
+                else:
                     self._fail(key, fetch, now, "peer_lost")
 
     def _fail(self, key: str, fetch: _Fetch, now: float, reason: str, *, quarantine: bool = False) -> None:

@@ -67,6 +67,12 @@ class World:
         self.clients.append(client)
         return client
 
+    def drop(self, address: PeerAddress) -> None:
+        """The server at `address` goes away while clients are connected (a crash, a partition)."""
+        if self.kind == "memory":
+            self.network.disconnect(address)
+        self.servers.pop(address).close()
+
     def nowhere(self) -> PeerAddress:
         if self.kind == "memory":
             return PeerAddress("nobody", 5601)
@@ -231,6 +237,20 @@ def test_a_closed_server_is_reported_lost_and_answers_nothing_more(world: World)
     client.send(address, request("img-b"))
     replies = collect(client, lambda got: any(r.ack is None for r in got))
     assert replies and all(r == Reply(address, None) for r in replies)
+
+
+def test_a_server_that_goes_away_is_reported_lost_without_another_send(world: World) -> None:
+    # what lets a consumer give up a READ from a producer whose control connection died
+    address = world.serve(granting()[0])
+    other = world.serve(granting("other")[0])
+    client = world.client()
+    client.send(address, request("img-a"))
+    client.send(other, request("img-b"))
+    assert len(collect(client, lambda got: len(got) >= 2)) == 2
+    world.drop(address)
+    replies = collect(client, lambda got: any(r.ack is None for r in got))
+    assert replies == [Reply(address, None)]
+    assert settle(client) == []  # once, and nothing about the server still there
 
 
 def test_the_next_send_after_a_loss_reaches_a_server_there_again(world: World) -> None:

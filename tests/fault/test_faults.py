@@ -12,6 +12,8 @@ import time
 
 import pytest
 
+from ec_connector.adapters.zmq_control import Heartbeat
+
 from .conftest import CONSUMER_EXTRA, ConsumerSide, needs_nixl
 
 pytestmark = needs_nixl
@@ -206,6 +208,24 @@ def test_read_timeout_a_producer_frozen_after_its_ack_is_given_up_and_the_blocks
     assert entry is not None and entry.phase.value == "quarantined", "a DMA may still land there"
     producer.signal(signal.SIGCONT)
     consumer.assert_clean()  # the quarantine ends after quarantine_s
+    assert_producer_clean(producer)
+
+
+def test_a_frozen_producer_whose_heartbeats_stop_is_given_up_before_the_read_timeout(world, tcp_only) -> None:
+    producer = world["producer"](env=tcp_only)
+    beat = Heartbeat(ivl_s=0.2, timeout_s=0.6, ttl_s=1.0)
+    consumer = world["consumer"](heartbeat=beat, extra={"read_timeout_s": 30.0})
+    params = producer.store("img-a", 64)
+    hook = StopAfterAck(consumer, producer, signal.SIGSTOP)
+    started = time.monotonic()
+    assert consumer.fetch(params, [("img-a", 64)], bound_s=10.0) == {"img-a": "fallback"}
+    took = time.monotonic() - started
+    assert hook.fired and took < 10.0, f"gave up after {took:.1f} s; the READ timeout is 30 s"
+    assert consumer.stats.peers_lost == 1 and consumer.stats.read_timeouts == 0
+    entry = consumer.table.get("img-a")
+    assert entry is not None and entry.phase.value == "quarantined", "a DMA may still land there"
+    producer.signal(signal.SIGCONT)
+    consumer.assert_clean()
     assert_producer_clean(producer)
 
 

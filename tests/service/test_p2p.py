@@ -242,6 +242,19 @@ def test_producer_dying_during_the_read_fails_it_and_quarantines():
     assert pair.consumer.scheduler.table.get("img").phase is Phase.QUARANTINED
 
 
+def test_control_connection_lost_during_a_stalled_read_gives_it_up_before_the_read_timeout():
+    pair = Pair(read_timeout_s=20.0, quarantine_s=60.0)
+    params = pair.produce([("img", 4)])
+    pair.world.stalled.add("prod")  # the READ hangs, as on a SIGSTOPped producer
+    assert pair.fetch(params, [("img", 4)]) is False  # asks
+    assert pair.fetch(params, [("img", 4)]) is False  # the ack arrives: the READ starts
+    pair.clock.advance(1.0)
+    pair.net.disconnect(ADDR)  # heartbeats unanswered: the control connection is reported lost
+    assert pair.fetch(params, [("img", 4)]) is True  # fell back, 19 s before the read timeout
+    assert pair.consumer_stats.peers_lost == 1 and pair.consumer_stats.read_timeouts == 0
+    assert pair.consumer.scheduler.table.get("img").phase is Phase.QUARANTINED  # a DMA may land
+
+
 def test_restarted_producer_is_read_with_the_agent_metadata_its_ack_carries():
     pair = Pair()
     first = pair.produce([("a", 3)])

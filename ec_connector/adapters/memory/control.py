@@ -1,8 +1,9 @@
 """A control plane inside one process: servers are callables registered by address.
 
 Requests are answered synchronously at `send`; replies wait in the client until `poll`. Tests can
-silence an address (requests vanish: the consumer sees an ack timeout) or drop it (the consumer is
-told the peer is gone).
+silence an address (requests vanish: the consumer sees an ack timeout), close its server (the next
+request is told the peer is gone) or `disconnect` it (every client that talked to it is told at once,
+as heartbeats going unanswered tell the ZMQ client).
 """
 
 from __future__ import annotations
@@ -22,6 +23,13 @@ class MemoryNetwork:
         self.silenced: set[PeerAddress] = set()
         self.sent: list[tuple[PeerAddress, XferReq | XferDone]] = []
         self.errors: list[Exception] = []
+        self.clients: list[MemoryControlClient] = []
+
+    def disconnect(self, address: PeerAddress) -> None:
+        """The server at `address` goes away; clients connected to it hear of it on their next poll."""
+        self.servers.pop(address, None)
+        for client in self.clients:
+            client.lose(address)
 
 
 class MemoryControlServer:
@@ -44,6 +52,13 @@ class MemoryControlClient:
     def __init__(self, network: MemoryNetwork) -> None:
         self._network = network
         self._replies: list[Reply] = []
+        self._talked_to: set[PeerAddress] = set()
+        network.clients.append(self)
+
+    def lose(self, address: PeerAddress) -> None:
+        if address in self._talked_to:
+            self._talked_to.discard(address)
+            self._replies.append(Reply(address, None))
 
     def send(self, address: PeerAddress, message: XferReq | XferDone) -> None:
         self._network.sent.append((address, message))
@@ -53,6 +68,7 @@ class MemoryControlClient:
         if handlers is None:
             self._replies.append(Reply(address, None))
             return
+        self._talked_to.add(address)
         on_request, on_done = handlers
         if isinstance(message, XferReq):
             try:
@@ -73,3 +89,5 @@ class MemoryControlClient:
 
     def close(self) -> None:
         self._replies = []
+        if self in self._network.clients:
+            self._network.clients.remove(self)
