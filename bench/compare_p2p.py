@@ -509,6 +509,18 @@ def _stored_items(peer, items):  # noqa: ANN001, ANN202
         yield key, rows, pattern(key, rows * ROW_BYTES).reshape(rows, ROW_BYTES), params
 
 
+def _ended_early(producer, consumer) -> str | None:  # noqa: ANN001
+    """A process that failed before the round's result (an import error, a crash), if any.
+
+    The producer exits 0 once the consumer has sent it "stop"; the consumer exits after its result.
+    """
+    if producer.exitcode not in (None, 0):
+        return f"producer exited with code {producer.exitcode}"
+    if consumer.exitcode is not None:
+        return f"consumer exited with code {consumer.exitcode}"
+    return None
+
+
 def run_round(side: str, cfg: dict, sizes: tuple[int, ...], reps: int) -> dict:
     """Fresh producer and consumer processes for `side`; a cold 1 MiB item, then `reps` per size."""
     ctx = mp.get_context("spawn")
@@ -526,8 +538,13 @@ def run_round(side: str, cfg: dict, sizes: tuple[int, ...], reps: int) -> dict:
     producer.start()  # both start at once; the consumer waits for the producer's "up" before its first item
     consumer.start()
     try:
-        if not result_recv.poll(180 + ITEM_TIMEOUT_S * len(items)):
-            raise TimeoutError(f"{side} consumer gave no result")
+        deadline = time.monotonic() + 180 + ITEM_TIMEOUT_S * len(items)
+        while not result_recv.poll(0.5):
+            failed = _ended_early(producer, consumer)
+            if failed and not result_recv.poll(0.5):  # a result sent just before exiting still counts
+                raise RuntimeError(f"{side} {failed} before the round's result; its traceback is above")
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{side} consumer gave no result")
         out = result_recv.recv()
         consumer.join(30)
         if out.get("error"):
