@@ -139,7 +139,6 @@ class CudaEngine:
         caller = torch._C._cuda_getCurrentRawStream(self._index)
         rb = self._row_bytes
         pointers = np.fromiter(map(_data_ptr, sources), np.int64, len(sources))
-        rb = self._row_bytes
         if runs.one_run_each:
             at = pointers
         else:  # run i's rows start at its payload's address plus its rows before it in the payload
