@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from operator import attrgetter
 
 import torch
 
@@ -119,17 +118,9 @@ class TorchCopier:
         self._open()
         copies = [job.copy for job in jobs]
         sources = [job.payload for job in jobs]
-        tensor, dtype, width, index = torch.Tensor, self._dtype, self._layout.hidden_dim, self._device_index
-        on_device = attrgetter("is_cuda" if index >= 0 else "is_cpu")  # get_device is -1 on meta too
+        fits = self._fits
         for i, (p, copy) in enumerate(zip(sources, copies, strict=True)):
-            # _fits inlined: this loop runs on the engine's step thread for every item
-            if not (
-                type(p) is tensor
-                and p.dtype is dtype
-                and p.shape == (copy.rows, width)
-                and p.get_device() == index
-                and on_device(p)
-            ):
+            if not fits(p, copy.rows):
                 self._mismatch(p, copy.rows)
             if not p.is_contiguous():
                 sources[i] = p.contiguous()
