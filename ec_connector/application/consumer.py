@@ -310,18 +310,15 @@ class ConsumerFetcher:
         for key, fetch in list(self._fetches.items()):
             if fetch.ref.address != address:
                 continue
-            self.stats.peers_lost += 1
             with self._bound(key, fetch):
                 if fetch.state is _State.READING:
-                    assert fetch.handle is not None
-                    if self._transport.read_state(fetch.handle) is ReadState.DONE:
-                        self._transport.release(fetch.handle)
-                        self._done(key, fetch, now)  # the bytes made it before the link went
+                    self._progress(key, fetch, now)  # a READ that ended before the link went counts
+                    if key not in self._fetches:
                         continue
+                    assert fetch.handle is not None
                     self._transport.release(fetch.handle)
-                    self._fail(key, fetch, now, "peer_lost", quarantine=True)
-                else:
-                    self._fail(key, fetch, now, "peer_lost")
+                self.stats.peers_lost += 1
+                self._fail(key, fetch, now, "peer_lost", quarantine=fetch.state is _State.READING)
 
     def _fail(self, key: str, fetch: _Fetch, now: float, reason: str, *, quarantine: bool = False) -> None:
         del self._fetches[key]
