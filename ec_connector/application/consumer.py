@@ -291,12 +291,13 @@ class ConsumerFetcher:
     def _done(self, key: str, fetch: _Fetch, now: float) -> None:
         del self._fetches[key]
         self._tier.table.mark_ready(key)
+        # First the message the producer waits on to unpin; then the bookkeeping.
+        self._control.send(fetch.ref.address, XferDone(PROTOCOL_VERSION, key, fetch.grant_id))
         self.stats.reads_done += 1
         self.stats.bytes_read += fetch.ref.size_bytes
         self.stats.latencies.observe("peer_read", now - (fetch.read_started or now))
         self.stats.latencies.observe("peer_fetch", now - fetch.started)
         self._tier.publish_event(EventKind.STORED, key, fetch.rows)
-        self._control.send(fetch.ref.address, XferDone(PROTOCOL_VERSION, key, fetch.grant_id))
         self._log_transfer(key, fetch, now)
 
     def _peer_lost(self, address: PeerAddress) -> None:

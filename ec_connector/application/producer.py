@@ -34,9 +34,11 @@ from ec_connector.domain.protocol import (
 )
 from ec_connector.domain.publish import PeerAddress, publish
 from ec_connector.domain.transfers import EventKind
+from ec_connector.logging import debug_enabled
 from ec_connector.ports.runtime import Clock
 
 log = structlog.get_logger(__name__)
+_debug = debug_enabled(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,7 +111,8 @@ class ProducerDesk:
                 entry = table.get(req.mm_hash)
             status = answer_status(req, fingerprint=self._fingerprint, entry=entry)
             if status is not AckStatus.OK or entry is None:
-                log.debug("peer_refused", status=status.value)
+                if _debug():
+                    log.debug("peer_refused", status=status.value)
                 return XferAck(PROTOCOL_VERSION, req.mm_hash, status)
             grant_id = next(self._grant_ids)
             now = self._clock.now()
@@ -118,7 +121,8 @@ class ProducerDesk:
             runs = tier.layout.byte_runs(entry.extents)
             size = entry.rows * tier.layout.block_size_bytes
             self._grants[grant_id] = _Grant(req.mm_hash, req.consumer, now, size, len(runs))
-            log.debug("peer_granted", grant=grant_id, runs=len(runs))
+            if _debug():
+                log.debug("peer_granted", grant=grant_id, runs=len(runs))
         return XferAck(
             version=PROTOCOL_VERSION,
             mm_hash=req.mm_hash,

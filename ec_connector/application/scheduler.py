@@ -13,7 +13,6 @@ polled (see there for why that is safe).
 from __future__ import annotations
 
 import itertools
-import logging
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -27,12 +26,13 @@ from ec_connector.domain.config import ConnectorConfig
 from ec_connector.domain.entries import Entry, Phase
 from ec_connector.domain.layout import Layout
 from ec_connector.domain.transfers import CacheEvent, Completion, EventKind, PlannedCopy, StepPlan
+from ec_connector.logging import debug_enabled
 from ec_connector.ports.region import Region
 from ec_connector.ports.runtime import Clock, EventSink
 
 log = structlog.get_logger(__name__)
+_debug = debug_enabled(__name__)
 _READY = Phase.READY
-_debug_on = logging.getLogger(__name__).isEnabledFor  # a cheap check before per-step debug lines
 
 
 class _Kind(Enum):
@@ -189,7 +189,7 @@ class TierScheduler:
         for completion in self._region.drain_completions():
             self._complete(completion)
         saved, loaded = self.stats.saves_done - before[0], self.stats.loads_done - before[1]
-        if (saved or loaded) and _debug_on(logging.DEBUG):
+        if (saved or loaded) and _debug():
             log.debug("tier_copies_completed", saves=saved, loads=loaded, engine_id=self._engine_id)
         expiry = self._table.expire(self._clock.now(), quarantine_s=self._config.quarantine_s)
         if expiry:
@@ -227,7 +227,8 @@ class TierScheduler:
         )
         if reservation is None:
             self.stats.not_offloaded += 1
-            log.debug("offload_skipped_region_full", mm_hash=key, rows=rows)  # counted: not_offloaded
+            if _debug():
+                log.debug("offload_skipped_region_full", mm_hash=key, rows=rows)  # counted: not_offloaded
             return
         self.account_evictions(reservation.evicted)
         entry = reservation.entry

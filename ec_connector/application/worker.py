@@ -13,7 +13,6 @@ full (more than its slots in one step) wait in order and are posted as the sched
 
 from __future__ import annotations
 
-import logging
 import threading
 import time
 from collections import deque
@@ -24,11 +23,12 @@ import structlog
 from ec_connector.domain.config import Role
 from ec_connector.domain.errors import CompletionRingFull, LayoutMismatch
 from ec_connector.domain.transfers import Completion, PlannedCopy, SaveJob, StepPlan
+from ec_connector.logging import debug_enabled
 from ec_connector.ports.copier import Copier
 from ec_connector.ports.region import Region
 
 log = structlog.get_logger(__name__)
-_debug_on = logging.getLogger(__name__).isEnabledFor  # a cheap check before per-batch debug lines
+_debug = debug_enabled(__name__)
 
 
 class TierWorker:
@@ -86,7 +86,7 @@ class TierWorker:
             return
         for copy, buffer in zip(loads, buffers, strict=True):
             cache[copy.key] = buffer
-        if _debug_on(logging.DEBUG):
+        if _debug():
             rows = sum(c.rows for c in loads)
             log.debug("tier_reload_batch", rank=self._rank, entries=len(loads), rows=rows)
 
@@ -133,7 +133,7 @@ class TierWorker:
             for job in batch:
                 self._report(job.copy.ticket, ok=False)
             return
-        if _debug_on(logging.DEBUG):
+        if _debug():
             rows = sum(job.copy.rows for job in batch)
             log.debug("tier_offload_batch", rank=self._rank, entries=len(batch), rows=rows)
 

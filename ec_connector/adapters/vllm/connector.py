@@ -24,7 +24,7 @@ from ec_connector.adapters.vllm.metadata import ECTierMetadata, ECTierStats
 from ec_connector.application.consumer import WantedItem
 from ec_connector.container import build_container
 from ec_connector.domain.config import parse_config
-from ec_connector.logging import configure_logging, options_from_env
+from ec_connector.logging import configure_logging, options_from_env, write_lines_off_thread
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
@@ -40,6 +40,7 @@ def _share_vllm_log_handlers() -> None:
         for handler in logging.getLogger("vllm").handlers:
             ours.addHandler(handler)
         ours.propagate = not ours.handlers
+    write_lines_off_thread()  # the step thread enqueues; a writer thread does the I/O
 
 
 class ECTierConnector(ECConnectorBase):
