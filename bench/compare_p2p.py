@@ -89,12 +89,17 @@ def prefault(area) -> None:
 
 
 def verify_runs(area, runs: list[tuple[int, int]], expected) -> bool:
-    """Compare each contiguous run of blocks (start, count) with the expected rows, in order."""
+    """Compare each contiguous run of blocks (start, count) with the expected rows, in order.
+
+    Compared as 8-byte words (rows are 7 KiB): every byte is still checked, in half the time of a
+    byte-wise compare (~2.7 vs ~1.3 ms per 9 MiB on the CPU VM); the same check for both sides.
+    """
     import numpy as np
 
     done = 0
     for start, count in runs:
-        if not np.array_equal(area[start : start + count], expected[done : done + count]):
+        got, want = area[start : start + count], expected[done : done + count]
+        if not np.array_equal(got.view(np.uint64), want.view(np.uint64)):
             return False
         done += count
     return done == len(expected)
@@ -135,6 +140,8 @@ def _our_container(role: str, name: str, cfg: dict, port: int):
         "ec_enable_nixl": True,
         "consumer_ack_timeout_s": ACK_TIMEOUT_S,
     }
+    if cfg.get("read_lanes") is not None:
+        extra["nixl_read_lanes"] = cfg["read_lanes"]
     return build_container(
         role=role,
         extra=extra,
@@ -226,7 +233,7 @@ class _RecordingTransport:
 
         remote_end = max(o + n for o, n in remote_runs)
         pieces = pair_runs(remote_runs, local_runs, remote_bytes=remote_end, local_bytes=self._area)
-        self.descriptors.append(len(pieces))
+        self.descriptors.append(sum(len(part) for part in self._inner.parts(lane_pieces=pieces)))
         t0 = time.perf_counter()
         handle = self._inner.start_read(peer, remote_runs, local_runs)
         self.start_read_s.append(time.perf_counter() - t0)  # UCX may move the bytes inside the post
@@ -572,6 +579,7 @@ def run(
     sizes: tuple[int, ...] = PAYLOADS_MIB,
     full_vllm_import: bool = False,
     prefault_regions: bool = True,
+    read_lanes: int | None = None,
     progress: Progress = None,
 ) -> dict:
     """Run the comparison; returns the figures (see --json). {'skipped': reason} without vLLM or NIXL.
@@ -600,6 +608,7 @@ def run(
         "consumer_bytes": 2 * largest + 4 * MiB,
         "full_vllm_import": full_vllm_import,
         "prefault": prefault_regions,
+        "read_lanes": read_lanes,
     }
     raw: dict[str, list[dict]] = {"ours": [], "vllm": []}
     try:
@@ -674,6 +683,7 @@ def run(
             "consumer_region_bytes": cfg["consumer_bytes"],
             "full_vllm_import": full_vllm_import,
             "prefault_regions": prefault_regions,
+            "read_lanes": read_lanes,
             "ucx_tls": os.environ.get("UCX_TLS", "(unset)"),
         },
         "environment": {
@@ -701,6 +711,7 @@ def render(res: dict) -> str:
         f"{p['rounds']} rounds x {p['reps']} reps per size, alternating; regions: producer "
         f"{p['producer_region_bytes'] / MiB:.0f} MiB, consumer {p['consumer_region_bytes'] / MiB:.0f} MiB; "
         f"prefault {p['prefault_regions']}; UCX_TLS={p['ucx_tls']}; vllm {res['environment']['vllm']}, "
+        f"ours: nixl_read_lanes {p.get('read_lanes') or 'default'}, "
         f"load avg {res['environment']['load_avg']:.2f}",
         f"{'MiB':>4} | {'e2e ms':>8} {'vllm':>8} {'ratio':>6} | {'read ms':>8} {'vllm':>8} {'ratio':>6} | "
         f"{'ack B':>7} {'vllm':>9} | {'descs':>5} {'vllm':>6}",
@@ -783,6 +794,9 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="do not touch the regions' pages before timing (each side's region as built)",
     )
+    ap.add_argument(
+        "--read-lanes", type=int, default=None, help="ours: nixl_read_lanes (default: the config default)"
+    )
     ap.add_argument("--json", metavar="PATH", help="write the figures as JSON")
     ap.add_argument("--plot", metavar="PATH", help="write a PNG (needs matplotlib: requirements/bench.txt)")
     args = ap.parse_args(argv)
@@ -793,6 +807,7 @@ def main(argv: list[str] | None = None) -> int:
         sizes=tuple(args.sizes),
         full_vllm_import=args.full_vllm_import,
         prefault_regions=not args.no_prefault,
+        read_lanes=args.read_lanes,
         progress=lambda m: print(m, file=sys.stderr, flush=True),
     )
     print(render(res), flush=True)

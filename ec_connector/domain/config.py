@@ -19,6 +19,7 @@ EXTRA = "ec_connector_extra_config"
 TRUE_STRINGS = frozenset({"true", "1", "yes"})
 NIXL_BACKENDS = ("UCX", "LIBFABRIC", "GDS", "POSIX", "OBJ", "MOONCAKE")
 UCX_ERROR_MODES = ("none", "peer")
+MAX_READ_LANES = 32
 DEFAULT_SIDE_CHANNEL_HOST = "localhost"
 DEFAULT_SIDE_CHANNEL_PORT = 5601
 
@@ -56,6 +57,7 @@ class ConnectorConfig:
     nixl_backend: str = "UCX"
     ucx_error_mode: str = "peer"
     nixl_consumer_progress_thread: bool = True
+    nixl_read_lanes: int = 4
     side_channel_secret: str | None = None
     event_feed_address: str | None = None
 
@@ -77,6 +79,7 @@ KNOWN_KEYS = frozenset(
         "ec_enable_nixl",
         "nixl_backend",
         "nixl_consumer_progress_thread",
+        "nixl_read_lanes",
         "ucx_error_mode",
         "side_channel_secret",
         "event_feed_address",
@@ -144,6 +147,13 @@ def parse_seconds(key: str, value: object) -> float:
     return seconds
 
 
+def parse_read_lanes(value: object) -> int:
+    key = "nixl_read_lanes"
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_READ_LANES:
+        raise _reject(key, value, f"an integer number of NIXL agents from 1 to {MAX_READ_LANES}, e.g. 4")
+    return value
+
+
 def _parse_choice(key: str, value: object, choices: tuple[str, ...]) -> str:
     if not isinstance(value, str) or value not in choices:
         raise _reject(key, value, "one of " + ", ".join(repr(c) for c in choices))
@@ -186,6 +196,8 @@ def parse_config(extra: object, *, role: object) -> ConnectorConfig:
         fields["nixl_consumer_progress_thread"] = parse_bool_flag(
             "nixl_consumer_progress_thread", extra["nixl_consumer_progress_thread"]
         )
+    if "nixl_read_lanes" in extra:
+        fields["nixl_read_lanes"] = parse_read_lanes(extra["nixl_read_lanes"])
     if "ucx_error_mode" in extra:
         fields["ucx_error_mode"] = _parse_choice("ucx_error_mode", extra["ucx_error_mode"], UCX_ERROR_MODES)
     if "side_channel_secret" in extra:

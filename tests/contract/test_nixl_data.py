@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 from test_peer_contract import BOUND_S, LAYOUT, ProcessProducer, pattern, wait
 
-from ec_connector.adapters.nixl_data import NIXL_MISSING, pair_runs, wire
+from ec_connector.adapters.nixl_data import NIXL_MISSING, LanedPeerTransport, pair_runs, wire
 from ec_connector.adapters.shm import ShmRegion
 from ec_connector.domain.layout import Layout
 from ec_connector.ports.peer import ReadState
@@ -40,6 +40,40 @@ def test_runs_cut_at_the_union_of_both_sides_boundaries() -> None:
 def test_runs_adjacent_on_both_sides_merge_into_one_descriptor() -> None:
     rows = [(i * 8, 8) for i in range(64)]  # one run per row on both sides
     assert pair_runs(rows, rows, remote_bytes=512, local_bytes=512) == [(0, 0, 512)]
+
+
+def _laned(lanes: int, block: int) -> LanedPeerTransport:
+    return LanedPeerTransport([object()] * lanes, block_bytes=block)  # type: ignore[list-item]  # parts() only
+
+
+def _flat(parts) -> list[tuple[int, int]]:
+    """(remote, local) offset of every byte-run start, 512-byte steps: equal lists = same coverage."""
+    return [(r + i, lo + i) for part in parts for r, lo, n in part for i in range(0, n, 512)]
+
+
+def test_a_long_read_is_cut_into_one_part_of_whole_blocks_per_lane() -> None:
+    block = 7168
+    one = [(block * 3, block * 10, 1317 * block)]  # a 9 MiB item in one run on both sides
+    parts = _laned(4, block).parts(lane_pieces=one)
+    assert [sum(n for _, _, n in p) for p in parts] == [330 * block] * 3 + [327 * block]
+    assert all(r % block == 0 and lo % block == 0 and n % block == 0 for p in parts for r, lo, n in p)
+    assert _flat(parts) == _flat([one])
+
+
+def test_short_reads_and_one_lane_stay_whole() -> None:
+    small = [(0, 0, 400 * 512)]  # 200 KiB: under two minimum parts
+    assert _laned(4, 512).parts(lane_pieces=small) == [small]
+    big = [(0, 1024, 8192 * 512)]
+    assert _laned(1, 512).parts(lane_pieces=big) == [big]
+
+
+def test_parts_follow_the_pieces_in_order_and_are_never_below_the_minimum() -> None:
+    block = 512
+    pieces = [(0, 0, 1536 * block), (4 << 20, 8 << 20, 64 * block), (6 << 20, 9 << 20, 512 * block)]
+    parts = _laned(8, block).parts(lane_pieces=pieces)
+    sizes = [sum(n for _, _, n in p) for p in parts]
+    assert sizes == [512 * block] * 3 + [576 * block]  # 256 KiB parts; the 32 KiB tail rides along
+    assert _flat(parts) == _flat([pieces])
 
 
 @pytest.mark.parametrize(

@@ -174,7 +174,7 @@ def leg(request: pytest.FixtureRequest, module_shm_dir: Path) -> Iterator[dict[s
 
 
 @pytest.fixture
-def world(leg: dict[str, Any], shm_dir: Path) -> Iterator[World]:
+def world(leg: dict[str, Any], shm_dir: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[World]:
     made: list[Any] = []
     if leg["kind"] == "memory":
         mem_world: MemoryPeerWorld = leg["world"]
@@ -185,15 +185,22 @@ def world(leg: dict[str, Any], shm_dir: Path) -> Iterator[World]:
             made.append(MemoryProducer(mem_world, name, seed))
             return made[-1]
     else:
-        from ec_connector.adapters.nixl_data import NixlPeerTransport
+        from ec_connector.adapters.nixl_data import LanedPeerTransport, NixlPeerTransport, lanes
 
         region = ShmRegion.open(
             instance=f"cons-{uuid.uuid4().hex[:6]}", dp_rank=0, layout=LAYOUT, shm_dir=shm_dir
         )
         # The consumer drives NIXL progress by polling read_state (a supported set-up that spares
         # a spinning progress thread; producers keep theirs). test_nixl_data covers the default.
-        consumer = NixlPeerTransport(
-            region, agent_name=region.name.removesuffix(".mmap"), progress_thread=False
+        # As in an engine, its READs are cut across 3 lanes (agents): here from 2 KiB up.
+        monkeypatch.setattr(lanes, "MIN_PART_BYTES", 16 * B)
+        name = region.name.removesuffix(".mmap")
+        consumer = LanedPeerTransport(
+            [
+                NixlPeerTransport(region, agent_name=f"{name}~{i}" if i else name, progress_thread=False)
+                for i in range(3)
+            ],
+            block_bytes=B,
         )
 
         def start(name: str, seed: int) -> Any:
@@ -268,6 +275,9 @@ def test_fragmented_runs_with_different_boundaries_on_each_side(world: World, pr
 
 def test_read_state_goes_from_pending_to_done(world: World, prod: Any) -> None:
     runs = [(0, LAYOUT.data_bytes)]
+    if world.kind != "memory":  # one run, read as one part per lane
+        pieces = world.consumer.parts(lane_pieces=[(0, 0, LAYOUT.data_bytes)])
+        assert [sum(n for _, _, n in part) for part in pieces] == [171 * B, 171 * B, 170 * B]
     handle = world.consumer.start_read(prod.name, runs, runs)
     final, seen = wait(world.consumer, handle)
     assert final is ReadState.DONE

@@ -33,8 +33,9 @@ SECONDS_KEYS = [
 ]
 ALL_KEYS = (
     "announce_lease_s, consumer_ack_timeout_s, ec_cpu_bytes, ec_enable_nixl, event_feed_address, "
-    "nixl_backend, nixl_consumer_progress_thread, not_ready_backoff_max_s, not_ready_backoff_s, "
-    "not_ready_give_up_s, producer_pin_lease_s, quarantine_s, read_timeout_s, save_lease_s, "
+    "nixl_backend, nixl_consumer_progress_thread, nixl_read_lanes, not_ready_backoff_max_s, "
+    "not_ready_backoff_s, not_ready_give_up_s, producer_pin_lease_s, quarantine_s, read_timeout_s, "
+    "save_lease_s, "
     "side_channel_secret, ucx_error_mode"
 )
 
@@ -198,6 +199,24 @@ def test_consumer_progress_thread_is_on_unless_turned_off():
         'string ("true", "1", "yes" enable; anything else disables)'
     ):
         _parse(nixl_consumer_progress_thread=0)
+
+
+# --- nixl_read_lanes --------------------------------------------------------------------------
+
+
+def test_read_lanes_default_to_4_and_take_1_to_32():
+    assert _parse().nixl_read_lanes == 4
+    assert _parse(nixl_read_lanes=1).nixl_read_lanes == 1
+    assert _parse(nixl_read_lanes=32).nixl_read_lanes == 32
+
+
+@pytest.mark.parametrize("value", [0, 33, -1, 4.0, "4", True, None])
+def test_read_lanes_outside_1_to_32_or_not_an_int_are_refused(value):
+    with _rejects(
+        f"ec_connector_extra_config['nixl_read_lanes'] = {value!r} is invalid: expected an integer "
+        "number of NIXL agents from 1 to 32, e.g. 4"
+    ):
+        _parse(nixl_read_lanes=value)
 
 
 # --- ec_enable_nixl ----------------------------------------------------------------------------

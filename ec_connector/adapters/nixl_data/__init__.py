@@ -6,6 +6,7 @@ Only this package imports nixl. See README.md here for configuration, UCX_TLS an
 """
 
 from ec_connector.adapters.nixl_data.errors import NIXL_MISSING, DataPlaneError, PeerUnreachable
+from ec_connector.adapters.nixl_data.lanes import LanedPeerTransport
 from ec_connector.adapters.nixl_data.runs import pair_runs
 from ec_connector.adapters.nixl_data.transport import UCX_ERROR_MODES, NixlPeerTransport
 
@@ -13,6 +14,7 @@ __all__ = [
     "NIXL_MISSING",
     "UCX_ERROR_MODES",
     "DataPlaneError",
+    "LanedPeerTransport",
     "NixlPeerTransport",
     "PeerUnreachable",
     "pair_runs",

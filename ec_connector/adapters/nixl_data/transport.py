@@ -47,7 +47,7 @@ from ec_connector.ports.peer import ReadState
 from . import wire
 from .errors import DataPlaneError, PeerUnreachable, backend_failure, describe, load_nixl
 from .handles import HandleReleaser
-from .runs import descriptor_tables, pair_runs
+from .runs import Piece, descriptor_tables, pair_runs
 
 log = structlog.get_logger(__name__)
 
@@ -209,14 +209,8 @@ class NixlPeerTransport:
         once more: a producer that is still there is read again without a new handshake; one that
         is gone is refused again, and the READ reports FAILED.
         """
-        if self._agent is None:
-            raise RuntimeError(f"NIXL data plane {self._name!r} is closed")
-        known = self._peers.get(peer)
-        if known is None:
-            raise PeerUnreachable(f"peer agent {peer!r} is not registered; add_peer it first")
-        pieces = pair_runs(
-            remote_runs, local_runs, remote_bytes=known.info.area_bytes, local_bytes=self._size
-        )
+        pieces = self.pieces(peer, remote_runs, local_runs)
+        known = self._peers[peer]
         remote, local = descriptor_tables(pieces, known.info.base_address, self._base)
         handle = next(self._ids)
         self._reads[handle] = _Read(peer, None)
@@ -228,6 +222,21 @@ class NixlPeerTransport:
         self._queued.append(handle)
         self._posts.put(_Post(handle, peer, known, remote, local))
         return handle
+
+    def pieces(
+        self,
+        peer: str,
+        remote_runs: Sequence[tuple[int, int]],
+        local_runs: Sequence[tuple[int, int]],
+    ) -> list[Piece]:
+        """The (remote offset, local offset, length) descriptors a READ of these runs is posted as;
+        the checks `start_read` makes (ValueError for bad runs, ConnectionError for an unknown peer)."""
+        if self._agent is None:
+            raise RuntimeError(f"NIXL data plane {self._name!r} is closed")
+        known = self._peers.get(peer)
+        if known is None:
+            raise PeerUnreachable(f"peer agent {peer!r} is not registered; add_peer it first")
+        return pair_runs(remote_runs, local_runs, remote_bytes=known.info.area_bytes, local_bytes=self._size)
 
     def read_state(self, handle: int) -> ReadState:
         """PENDING, DONE or FAILED; FAILED for an unknown or released handle.
