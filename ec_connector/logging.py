@@ -98,6 +98,32 @@ def _pair(key: str, value: object) -> str:
     return f'{key}="{text}"' if quoted else f"{key}={text}"
 
 
+class _Line:
+    """A log line rendered the first time it is read (`str`): by the handler that writes it, which
+    is the writer thread once `write_lines_off_thread` ran. The event's fields are fixed when it is
+    logged (context merged, timestamp taken, exception formatted); only the text is made later."""
+
+    __slots__ = ("_event", "_render", "_text")
+
+    def __init__(self, render: Callable[..., str], event: MutableMapping[str, Any]) -> None:
+        self._render, self._event, self._text = render, event, None
+
+    def __str__(self) -> str:
+        if self._text is None:
+            self._text = self._render(None, "", self._event)
+        return self._text
+
+
+class _RenderWhenWritten:
+    """structlog's last processor: hands stdlib a `_Line` instead of the rendered text."""
+
+    def __init__(self, render: Callable[..., str]) -> None:
+        self._render = render
+
+    def __call__(self, _: object, __: str, event_dict: MutableMapping[str, Any]) -> tuple[tuple, dict]:
+        return (_Line(self._render, event_dict),), {}
+
+
 def configure_logging(*, json: bool = False, level: int | str = logging.INFO) -> None:
     """Configure structlog for this process; calling again with the same arguments does nothing."""
     global _configured
@@ -116,7 +142,7 @@ def configure_logging(*, json: bool = False, level: int | str = logging.INFO) ->
             structlog.processors.TimeStamper(fmt="iso", utc=True),
             structlog.processors.StackInfoRenderer(),
             structlog.processors.format_exc_info,
-            renderer,
+            _RenderWhenWritten(renderer),
         ],
         logger_factory=structlog.stdlib.LoggerFactory(),
         wrapper_class=structlog.stdlib.BoundLogger,
