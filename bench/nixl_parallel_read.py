@@ -14,10 +14,11 @@ pattern, this process creates one consumer agent per thread count, all with UCX 
 `peer` and NIXL's progress thread, as our consumer's agent. Time = `initialize_xfer` + `transfer`
 + `check_xfer_state` until DONE, on the calling thread.
 
-Known limit (found with this set-up; why the product does not use it yet): with NIXL 1.5.1 and
-`num_threads` > 1 and `split_batch_size` 1, a consumer whose producer was killed mid-READ aborted
-later, when its agent was destroyed (UCX `arbiter.c` assertion `ucs_arbiter_group_is_empty`), in
-`tests/contract/test_peer_contract.py`'s killed-producer case (3 runs of 4). docs/benchmarks.md.
+Why the product gets the same effect from several agents instead (`LanedPeerTransport`,
+`nixl_read_lanes`): with NIXL 1.5.1, `num_threads` > 1 and `split_batch_size` 1, a consumer whose
+producer was killed mid-READ aborted later, when its agent was destroyed (UCX `arbiter.c`
+assertion `ucs_arbiter_group_is_empty`), in `tests/contract/test_peer_contract.py`'s
+killed-producer case (3 runs of 4). docs/benchmarks.md, session 4.
 """
 
 from __future__ import annotations
