@@ -76,6 +76,59 @@ def test_parts_follow_the_pieces_in_order_and_are_never_below_the_minimum() -> N
     assert _flat(parts) == _flat([pieces])
 
 
+class _Lane:
+    """Stands in for a NixlPeerTransport lane: the composite's own logic only (parts, states)."""
+
+    def __init__(self, state: ReadState, refuse: bool = False) -> None:
+        self.state, self.refuse = state, refuse
+        self.handoffs: list[bool] = []
+        self.released: list[int] = []
+
+    def pieces(self, peer, remote_runs, local_runs):  # noqa: ANN001, ANN201
+        return [(0, 0, 4 << 20)]
+
+    def start_read(self, peer, remote, local) -> int:  # noqa: ANN001
+        if self.refuse:
+            raise ConnectionError("lane refused")
+        return 7
+
+    def read_state(self, handle: int, *, handoff: bool = True) -> ReadState:
+        self.handoffs.append(handoff)
+        return self.state
+
+    def release(self, handle: int) -> None:
+        self.released.append(handle)
+
+
+def _composite(*lanes: _Lane) -> LanedPeerTransport:
+    return LanedPeerTransport(list(lanes), block_bytes=512)  # type: ignore[arg-type]
+
+
+def test_a_laned_read_is_done_when_every_part_is_and_failed_when_any_is() -> None:
+    pending = _composite(_Lane(ReadState.DONE), _Lane(ReadState.PENDING), _Lane(ReadState.PENDING))
+    assert pending.read_state(pending.start_read("p", [], [])) is ReadState.PENDING
+    done = _composite(_Lane(ReadState.DONE), _Lane(ReadState.DONE))
+    assert done.read_state(done.start_read("p", [], [])) is ReadState.DONE
+    failed = _composite(_Lane(ReadState.PENDING), _Lane(ReadState.FAILED))
+    assert failed.read_state(failed.start_read("p", [], [])) is ReadState.FAILED
+    assert failed.read_state(12345) is ReadState.FAILED  # unknown handle
+
+
+def test_a_poll_lets_only_the_first_pending_part_wait_for_its_poster() -> None:
+    lanes = [_Lane(ReadState.DONE)] + [_Lane(ReadState.PENDING) for _ in range(3)]
+    laned = _composite(*lanes)
+    laned.read_state(laned.start_read("p", [], []))
+    assert [lane.handoffs for lane in lanes] == [[True], [True], [False], [False]]
+
+
+def test_a_part_refused_releases_the_parts_already_queued_and_the_error_surfaces() -> None:
+    lanes = [_Lane(ReadState.PENDING), _Lane(ReadState.PENDING), _Lane(ReadState.PENDING, refuse=True)]
+    laned = _composite(*lanes)
+    with pytest.raises(ConnectionError, match="lane refused"):
+        laned.start_read("p", [], [])
+    assert [lane.released for lane in lanes] == [[7], [7], []]
+
+
 @pytest.mark.parametrize(
     "remote, local, words",
     [

@@ -69,7 +69,8 @@ class LanedPeerTransport:
         parts = self.parts(lane_pieces=self._lanes[0].pieces(peer, remote_runs, local_runs))
         started: list[tuple[NixlPeerTransport, int]] = []
         try:
-            for lane, part in zip(self._lanes, parts, strict=False):
+            for i, part in enumerate(parts):  # never more parts than lanes (parts())
+                lane = self._lanes[i]
                 remote = [(r, n) for r, _, n in part]
                 local = [(lo, n) for _, lo, n in part]
                 started.append((lane, lane.start_read(peer, remote, local)))
@@ -104,14 +105,21 @@ class LanedPeerTransport:
         return parts
 
     def read_state(self, handle: int) -> ReadState:
-        """FAILED if any part failed (or the handle is unknown), DONE once every part is, else PENDING."""
+        """FAILED if any part failed (or the handle is unknown), DONE once every part is, else PENDING.
+
+        Every part is polled (lanes without a progress thread advance when polled), but only the
+        first pending one may wait for its poster: a poll waits at most HANDOFF_S, as one lane's.
+        """
         parts = self._reads.get(handle)
         if parts is None:
             return ReadState.FAILED
-        states = {lane.read_state(h) for lane, h in parts}
-        if ReadState.FAILED in states:
-            return ReadState.FAILED
-        return ReadState.DONE if states == {ReadState.DONE} else ReadState.PENDING
+        pending = False
+        for lane, part in parts:
+            state = lane.read_state(part, handoff=not pending)
+            if state is ReadState.FAILED:
+                return ReadState.FAILED
+            pending = pending or state is ReadState.PENDING
+        return ReadState.PENDING if pending else ReadState.DONE
 
     def release(self, handle: int) -> None:
         for lane, part in self._reads.pop(handle, ()):

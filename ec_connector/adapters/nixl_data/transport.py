@@ -238,10 +238,11 @@ class NixlPeerTransport:
             raise PeerUnreachable(f"peer agent {peer!r} is not registered; add_peer it first")
         return pair_runs(remote_runs, local_runs, remote_bytes=known.info.area_bytes, local_bytes=self._size)
 
-    def read_state(self, handle: int) -> ReadState:
+    def read_state(self, handle: int, *, handoff: bool = True) -> ReadState:
         """PENDING, DONE or FAILED; FAILED for an unknown or released handle.
 
-        Waits at most HANDOFF_S, and only for the oldest READ not yet posted (module docstring).
+        Waits at most HANDOFF_S, and only for the oldest READ not yet posted (module docstring);
+        `handoff=False` never waits (a caller that already waited on another READ this poll).
         """
         read = self._reads.get(handle)
         if read is None:
@@ -250,7 +251,7 @@ class NixlPeerTransport:
             return read.state
         if not read.posted.is_set():
             queued = self._queued
-            if queued and queued[0] == handle:
+            if handoff and queued and queued[0] == handle:
                 read.posted.wait(HANDOFF_S)  # blocks: the poster gets the GIL now
             if not read.posted.is_set():
                 return read.state
