@@ -1,7 +1,8 @@
 """structlog configuration: explicit, idempotent, rendered through the standard library.
 
-Nothing is configured on import. `configure_logging()` renders each event to one line (logfmt, or
-JSON on request) and hands it to a stdlib logger, so the host process (vLLM) owns the handlers.
+Nothing is configured on import. `configure_logging()` makes each event one line (logfmt, or JSON
+on request), rendered when a handler writes it, and hands it to a stdlib logger, so the host
+process (vLLM) owns the handlers.
 Loggers are not cached on first use, so they survive pickling and new processes.
 
 Lines are written off the caller's thread (`write_lines_off_thread`): our logger keeps one
@@ -174,8 +175,8 @@ class _Handoff(logging.handlers.QueueHandler):
 class _LineWriter:
     """One daemon thread that hands queued records to `handlers` every WRITE_INTERVAL_S.
 
-    It wakes on a timer, never per line: waking a blocked reader on every record put cost the
-    caller ~0.3 ms per line on the 2-core VM (the woken thread took the caller's core).
+    It wakes on a timer, never per line, so logging a record never wakes a thread that could take
+    the caller's core (on a 2-core host the woken writer would often run before the caller).
     """
 
     def __init__(self, handlers: tuple[logging.Handler, ...]) -> None:
