@@ -101,29 +101,19 @@ def _copier(region: Region, device: str) -> Iterator[Copier]:
 
 
 def _peer_transport(region: Region, config: ConnectorConfig, agent_name: str) -> Iterator[PeerTransport]:
-    from ec_connector.adapters.nixl_data import LanedPeerTransport, NixlPeerTransport
+    from ec_connector.adapters.nixl_data import open_lanes
 
-    def lane(name: str, progress_thread: bool) -> NixlPeerTransport:
-        return NixlPeerTransport(
-            region,  # type: ignore[arg-type]  # the shm region exposes data_address()
-            agent_name=name,
-            backend=config.nixl_backend,
-            ucx_error_mode=config.ucx_error_mode,
-            progress_thread=progress_thread,
-        )
-
-    # A producer's agent needs NIXL's progress thread (peers cannot connect otherwise); an
-    # ec_consumer's may go without it and progress when it polls its READs (saves a spinning core).
-    # A role that reads cuts each READ across `nixl_read_lanes` agents; a producer only serves.
-    lanes = [lane(agent_name, config.role is not Role.CONSUMER or config.nixl_consumer_progress_thread)]
-    try:
-        for i in range(1, config.nixl_read_lanes if config.role.loads else 1):
-            lanes.append(lane(f"{agent_name}~{i}", False))
-    except BaseException:
-        for made in lanes:
-            made.close()
-        raise
-    transport = LanedPeerTransport(lanes, block_bytes=region.layout.block_size_bytes)
+    transport = open_lanes(
+        region,  # type: ignore[arg-type]  # the shm region exposes data_address()
+        agent_name=agent_name,
+        # a role that reads cuts each READ across `nixl_read_lanes` agents; a producer only serves
+        lanes=config.nixl_read_lanes if config.role.loads else 1,
+        backend=config.nixl_backend,
+        ucx_error_mode=config.ucx_error_mode,
+        # a producer's agent needs NIXL's progress thread (peers cannot connect otherwise); an
+        # ec_consumer's may go without it and progress when it polls its READs (saves a spinning core)
+        progress_thread=config.role is not Role.CONSUMER or config.nixl_consumer_progress_thread,
+    )
     try:
         yield transport
     finally:

@@ -194,7 +194,7 @@ class ConsumerSide:
         ucx_error_mode: str = "none",
         heartbeat: Heartbeat | None = None,
     ) -> None:
-        from ec_connector.adapters.nixl_data import NixlPeerTransport
+        from ec_connector.adapters.nixl_data import open_lanes
 
         self.name = f"cons-{uuid.uuid4().hex[:6]}"
         extra = {**CONSUMER_EXTRA, "ucx_error_mode": ucx_error_mode, **(extra or {})}
@@ -214,9 +214,10 @@ class ConsumerSide:
         self.control = ZmqControlClient(
             secret=self.config.side_channel_secret, **({"heartbeat": heartbeat} if heartbeat else {})
         )
-        self.transport = NixlPeerTransport(
+        self.transport = open_lanes(  # as the container builds it: READs cut across the lanes
             self.region,
             agent_name=f"{self.name}_dp0",
+            lanes=self.config.nixl_read_lanes,
             backend=self.config.nixl_backend,
             ucx_error_mode=self.config.ucx_error_mode,
             progress_thread=self.config.nixl_consumer_progress_thread,
@@ -361,8 +362,16 @@ def shm_dir(warm_nixl: None) -> Iterator[Path]:
 
 
 @pytest.fixture
-def world(shm_dir: Path) -> Iterator[dict[str, Any]]:
-    """Start producers and consumers; everything is closed at the end and leaks are checked."""
+def world(shm_dir: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, Any]]:
+    """Start producers and consumers; everything is closed at the end and leaks are checked.
+
+    Consumers cut their READs across their lanes from two blocks up (the engine's 256 KiB minimum
+    would leave this suite's small items whole on one lane).
+    """
+    if HAVE_NIXL:
+        from ec_connector.adapters.nixl_data import lanes
+
+        monkeypatch.setattr(lanes, "MIN_PART_BYTES", ROW_BYTES)
     fds, threads = resources()
     py_threads = threading.active_count()
     producers: list[ProducerProcess] = []

@@ -6,7 +6,7 @@ Only this package imports nixl. See README.md here for configuration, UCX_TLS an
 """
 
 from ec_connector.adapters.nixl_data.errors import NIXL_MISSING, DataPlaneError, PeerUnreachable
-from ec_connector.adapters.nixl_data.lanes import LanedPeerTransport
+from ec_connector.adapters.nixl_data.lanes import LanedPeerTransport, open_lanes
 from ec_connector.adapters.nixl_data.runs import pair_runs
 from ec_connector.adapters.nixl_data.transport import UCX_ERROR_MODES, NixlPeerTransport
 
@@ -17,5 +17,6 @@ __all__ = [
     "LanedPeerTransport",
     "NixlPeerTransport",
     "PeerUnreachable",
+    "open_lanes",
     "pair_runs",
 ]

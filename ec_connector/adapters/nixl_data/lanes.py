@@ -15,6 +15,7 @@ that fails makes the READ FAILED, and releasing the READ releases every part.
 Lane 0 is the instance's identity: its agent name and metadata are what producers' acks and
 consumers' reads use; the other lanes (named `<agent>~<i>`) run without NIXL's progress thread and
 progress when `read_state` polls them. A producer only serves, so it is built with one lane.
+`open_lanes` builds them as the container does.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from collections.abc import Sequence
 from ec_connector.ports.peer import ReadState
 
 from .runs import Piece
-from .transport import NixlPeerTransport
+from .transport import AddressableRegion, NixlPeerTransport
 
 MIN_PART_BYTES = 256 << 10  # a READ is cut only into parts at least this long
 
@@ -139,6 +140,38 @@ class LanedPeerTransport:
     @property
     def peers(self) -> list[str]:
         return self._lanes[0].peers
+
+
+def open_lanes(
+    region: AddressableRegion,
+    *,
+    agent_name: str,
+    lanes: int,
+    backend: str = "UCX",
+    ucx_error_mode: str = "peer",
+    progress_thread: bool = True,
+) -> LanedPeerTransport:
+    """Lane 0 (`agent_name`, NIXL's progress thread as asked) and `lanes - 1` more agents named
+    `<agent_name>~<i>` without one, over `region`; if one cannot start, those made are closed."""
+    if isinstance(lanes, bool) or not isinstance(lanes, int) or lanes < 1:
+        raise ValueError(f"lanes must be an int >= 1, got {lanes!r}")
+    made: list[NixlPeerTransport] = []
+    try:
+        for i in range(lanes):
+            made.append(
+                NixlPeerTransport(
+                    region,
+                    agent_name=f"{agent_name}~{i}" if i else agent_name,
+                    backend=backend,
+                    ucx_error_mode=ucx_error_mode,
+                    progress_thread=progress_thread if i == 0 else False,
+                )
+            )
+    except BaseException:
+        for lane in made:
+            lane.close()
+        raise
+    return LanedPeerTransport(made, block_bytes=region.layout.block_size_bytes)
 
 
 def _round_up(n: int, granule: int) -> int:
