@@ -87,7 +87,7 @@ class _Lane:
     def pieces(self, peer, remote_runs, local_runs):  # noqa: ANN001, ANN201
         return [(0, 0, 4 << 20)]
 
-    def start_read(self, peer, remote, local) -> int:  # noqa: ANN001
+    def start_pieces(self, peer, pieces) -> int:  # noqa: ANN001
         if self.refuse:
             raise ConnectionError("lane refused")
         return 7

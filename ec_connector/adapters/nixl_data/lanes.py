@@ -51,10 +51,6 @@ class LanedPeerTransport:
     def agent_metadata(self) -> bytes:
         return self._lanes[0].agent_metadata()
 
-    @property
-    def lanes(self) -> int:
-        return len(self._lanes)
-
     def add_peer(self, name: str, metadata: bytes) -> None:
         """Load the peer on every lane (each is idempotent; a changed envelope replaces it)."""
         for lane in self._lanes:
@@ -72,9 +68,7 @@ class LanedPeerTransport:
         try:
             for i, part in enumerate(parts):  # never more parts than lanes (parts())
                 lane = self._lanes[i]
-                remote = [(r, n) for r, _, n in part]
-                local = [(lo, n) for _, lo, n in part]
-                started.append((lane, lane.start_read(peer, remote, local)))
+                started.append((lane, lane.start_pieces(peer, part)))
         except BaseException:
             for lane, handle in started:
                 lane.release(handle)
@@ -132,14 +126,6 @@ class LanedPeerTransport:
             self.release(handle)
         for lane in reversed(self._lanes):
             lane.close()
-
-    @property
-    def closed(self) -> bool:
-        return all(lane.closed for lane in self._lanes)
-
-    @property
-    def peers(self) -> list[str]:
-        return self._lanes[0].peers
 
 
 def open_lanes(

@@ -209,8 +209,15 @@ class NixlPeerTransport:
         once more: a producer that is still there is read again without a new handshake; one that
         is gone is refused again, and the READ reports FAILED.
         """
-        pieces = self.pieces(peer, remote_runs, local_runs)
-        known = self._peers[peer]
+        return self.start_pieces(peer, self.pieces(peer, remote_runs, local_runs))
+
+    def start_pieces(self, peer: str, pieces: list[Piece]) -> int:
+        """Queue one READ of `pieces` as `pieces()` returned them (here, or on a lane of the same
+        region with the same peer): no second check. ConnectionError for an unknown peer."""
+        self._check_open()
+        known = self._peers.get(peer)
+        if known is None:
+            raise PeerUnreachable(f"peer agent {peer!r} is not registered; add_peer it first")
         remote, local = descriptor_tables(pieces, known.info.base_address, self._base)
         handle = next(self._ids)
         self._reads[handle] = _Read(peer, None)
@@ -231,8 +238,7 @@ class NixlPeerTransport:
     ) -> list[Piece]:
         """The (remote offset, local offset, length) descriptors a READ of these runs is posted as;
         the checks `start_read` makes (ValueError for bad runs, ConnectionError for an unknown peer)."""
-        if self._agent is None:
-            raise RuntimeError(f"NIXL data plane {self._name!r} is closed")
+        self._check_open()
         known = self._peers.get(peer)
         if known is None:
             raise PeerUnreachable(f"peer agent {peer!r} is not registered; add_peer it first")
