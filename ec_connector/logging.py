@@ -248,17 +248,15 @@ def _stop_writer() -> None:
 
 
 def _writer_after_fork() -> None:
-    """A forked child inherits the queue but not the thread: give it a fresh pair."""
+    """A forked child inherits the queue but not the thread: give it a writer (and queue) of its
+    own; lines the parent had queued stay the parent's to write."""
     global _writer
     if _writer is None:
         return
-    ours = logging.getLogger("ec_connector")
-    handlers = _writer.handlers
-    for handler in [h for h in ours.handlers if isinstance(h, _Handoff)]:
-        ours.removeHandler(handler)
-    _writer = None
-    ours.handlers[:0] = list(handlers)
-    write_lines_off_thread()
+    _writer = _LineWriter(_writer.handlers)
+    for handler in logging.getLogger("ec_connector").handlers:
+        if isinstance(handler, _Handoff):
+            handler.queue = _writer.queue
 
 
 class _Anchor:  # multiprocessing keeps after-fork callbacks only while their object lives
