@@ -11,12 +11,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-import numpy as np
-
 from ec_connector.domain.errors import LayoutMismatch
 
 Run = tuple[int, int]
 Piece = tuple[int, int, int]  # (remote offset, local offset, length)
+Descriptor = tuple[int, int, int]  # (address, length, device id)
 
 
 def check_runs(runs: Sequence[Run], *, area_bytes: int, side: str) -> int:
@@ -90,10 +89,12 @@ def _coalesce(pieces: list[Piece]) -> list[Piece]:
 
 def descriptor_tables(
     pieces: list[Piece], remote_base: int, local_base: int
-) -> tuple[np.ndarray, np.ndarray]:
-    """NIXL's Nx3 (address, length, device 0) descriptor arrays for the remote and local sides."""
-    table = np.array(pieces, dtype=np.uint64).reshape(-1, 3)
-    zeros = np.zeros(len(pieces), dtype=np.uint64)
-    remote = np.stack([table[:, 0] + np.uint64(remote_base), table[:, 2], zeros], 1)
-    local = np.stack([table[:, 1] + np.uint64(local_base), table[:, 2], zeros], 1)
+) -> tuple[list[Descriptor], list[Descriptor]]:
+    """NIXL's (address, length, device 0) descriptors for the remote and local sides.
+
+    Plain tuples: NIXL builds its list from them in ~1 µs a piece, where numpy arrays cost ~30 µs
+    per READ on the CPU VM for the few pieces a READ has (one per stretch, not per row).
+    """
+    remote = [(remote_base + r, n, 0) for r, _, n in pieces]
+    local = [(local_base + lo, n, 0) for _, lo, n in pieces]
     return remote, local
