@@ -21,6 +21,7 @@ vLLM starts, so one setting covers the API server, EngineCore and the workers.
 from __future__ import annotations
 
 import atexit
+import contextvars
 import functools
 import logging
 import logging.handlers
@@ -31,6 +32,7 @@ import re
 import sys
 import threading
 from collections.abc import Callable, Mapping, MutableMapping
+from types import MappingProxyType
 from typing import Any
 
 import structlog
@@ -61,6 +63,46 @@ def debug_enabled(module: str) -> Callable[[], bool]:
     VM); this reads the stdlib logger's cached level (~0.2 µs) and follows later level changes.
     """
     return functools.partial(logging.getLogger(module).isEnabledFor, logging.DEBUG)
+
+
+_NO_FIELDS: Mapping[str, Any] = MappingProxyType({})
+_context: contextvars.ContextVar[Mapping[str, Any]] = contextvars.ContextVar(
+    "ec_log_context", default=_NO_FIELDS
+)
+
+
+class log_context:  # noqa: N801 - used as a `with` statement, like contextlib's helpers
+    """Fields every line logged inside the `with` carries (nested contexts add to the outer one).
+
+    What structlog's `bound_contextvars` does, in one context variable: entering and leaving cost
+    ~2 µs instead of ~22 µs for five fields (CPU VM), and merging them into a line does not scan
+    every variable of the context. The consumer binds one per fetch step, the producer one per
+    request it answers, so it runs on the step thread and on the ack path.
+    """
+
+    __slots__ = ("_fields", "_token")
+
+    def __init__(self, **fields: object) -> None:
+        self._fields = fields
+        self._token: contextvars.Token[Mapping[str, Any]] | None = None
+
+    def __enter__(self) -> None:
+        outer = _context.get()
+        self._token = _context.set({**outer, **self._fields} if outer else self._fields)
+
+    def __exit__(self, *exc: object) -> None:
+        assert self._token is not None
+        _context.reset(self._token)
+
+
+def _merge_log_context(_: object, __: str, event_dict: MutableMapping[str, Any]) -> MutableMapping[str, Any]:
+    """structlog processor: the fields of the enclosing `log_context`, under the line's own."""
+    bound = _context.get()
+    if not bound:
+        return event_dict
+    merged = dict(bound)
+    merged.update(event_dict)
+    return merged
 
 
 _KEY_BREAK = re.compile(r"[\x00- ]")  # what logfmt cannot carry in a key (control chars, space)
@@ -136,7 +178,7 @@ def configure_logging(*, json: bool = False, level: int | str = logging.INFO) ->
     renderer = structlog.processors.JSONRenderer(sort_keys=True) if json else LogfmtLine()
     structlog.configure(
         processors=[
-            structlog.contextvars.merge_contextvars,
+            _merge_log_context,
             structlog.stdlib.filter_by_level,
             structlog.stdlib.add_logger_name,
             structlog.stdlib.add_log_level,

@@ -25,7 +25,6 @@ from enum import Enum
 from typing import Any
 
 import structlog
-from structlog.contextvars import bound_contextvars
 
 from ec_connector.application.scheduler import TierScheduler
 from ec_connector.application.stats import PeerStats
@@ -35,6 +34,7 @@ from ec_connector.domain.errors import ProtocolError
 from ec_connector.domain.protocol import PROTOCOL_VERSION, NextStep, XferAck, XferDone, XferReq, next_step
 from ec_connector.domain.publish import PeerAddress, PeerRef, parse_transfer_params
 from ec_connector.domain.transfers import EventKind
+from ec_connector.logging import log_context
 from ec_connector.ports.control import ControlClient
 from ec_connector.ports.peer import PeerTransport, ReadState
 from ec_connector.ports.runtime import Clock
@@ -177,7 +177,7 @@ class ConsumerFetcher:
             context["peer"] = _peer(fetch.ref)
         elif request_id is not None:
             context["request_id"] = request_id
-        return bound_contextvars(**context)
+        return log_context(**context)
 
     def _start(self, ref: PeerRef, item: WantedItem, now: float, request_id: str) -> bool:
         with self._bound(item.key, None, request_id):

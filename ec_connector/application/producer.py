@@ -17,7 +17,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import structlog
-from structlog.contextvars import bound_contextvars
 
 from ec_connector.application.scheduler import TierScheduler
 from ec_connector.application.stats import PeerStats
@@ -34,7 +33,7 @@ from ec_connector.domain.protocol import (
 )
 from ec_connector.domain.publish import PeerAddress, publish
 from ec_connector.domain.transfers import EventKind
-from ec_connector.logging import debug_enabled
+from ec_connector.logging import debug_enabled, log_context
 from ec_connector.ports.runtime import Clock
 
 log = structlog.get_logger(__name__)
@@ -164,6 +163,6 @@ class ProducerDesk:
 
     def _bound(self, key: str, consumer: str) -> Any:
         """Log context of one peer request: the item, the consumer, this producer."""
-        return bound_contextvars(
+        return log_context(
             role=self._config.role.value, engine_id=self._tier.engine_id, mm_hash=key, peer=consumer
         )

@@ -203,7 +203,7 @@ def test_lines_inside_a_fetch_carry_its_bound_context(lines):
         "req-9",
         "ec_consumer",
         "cons",
-    ), "bound with bound_contextvars at the fetch's start, not passed at the call"
+    ), "bound with log_context at the fetch's start, not passed at the call"
     assert lines.json("peer_transfer") == [], "no fetch started: no canonical line"
 
 
