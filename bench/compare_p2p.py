@@ -532,7 +532,9 @@ def run_round(side: str, cfg: dict, sizes: tuple[int, ...], reps: int) -> dict:
     """Fresh producer and consumer processes for `side`; a cold 1 MiB item, then `reps` per size."""
     ctx = mp.get_context("spawn")
     tag = uuid.uuid4().hex[:8]
-    port = free_port()
+    # Ours binds port 0 and advertises the port it got; vLLM's server needs one named up front,
+    # which another process's socket (a NIXL agent's, say) can take before it binds.
+    port = 0 if side == "ours" else free_port()
     prod_end, cons_end = ctx.Pipe()
     result_recv, result_send = ctx.Pipe(duplex=False)
     items = [(f"cold-{tag}", rows_for(1))]

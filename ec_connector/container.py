@@ -130,6 +130,11 @@ def _control_server(config: ConnectorConfig, host: str, port: int) -> Iterator[C
         server.close()
 
 
+def _listening_at(server: ControlServer) -> PeerAddress:
+    """What the desk advertises: where the control server listens (its port, if 0 was asked)."""
+    return server.address
+
+
 def _control_client(config: ConnectorConfig) -> Iterator[ControlClient]:
     from ec_connector.adapters.zmq_control import ZmqControlClient
 
@@ -218,7 +223,7 @@ class Container(containers.DeclarativeContainer):
         config=connector_config,
         clock=clock,
         fingerprint=settings.fingerprint,
-        address=providers.Factory(PeerAddress, settings.side_host, settings.side_port),
+        address=providers.Callable(_listening_at, control_server),
         agent_name=agent_name,
         agent_metadata=providers.Callable(_agent_metadata, peer_transport),
         stats=peer_stats,

@@ -19,6 +19,9 @@ class Reply:
 
 
 class ControlServer(Protocol):
+    address: PeerAddress
+    """Where peers reach this server: the bound port when it was asked for port 0."""
+
     def start(
         self,
         on_request: Callable[[XferReq], XferAck],
