@@ -75,8 +75,9 @@ class log_context:  # noqa: N801 - used as a `with` statement, like contextlib's
     """Fields every line logged inside the `with` carries (nested contexts add to the outer one).
 
     What structlog's `bound_contextvars` does, in one context variable: entering and leaving cost
-    ~2 µs instead of ~22 µs for five fields (CPU VM), and merging them into a line does not scan
-    every variable of the context. The consumer binds one per fetch step, the producer one per
+    ~3 µs instead of ~16 µs for five fields (CPU VM), and merging them into a line does not scan
+    every variable of the context (`configure_logging` merges only these; structlog's own
+    contextvars are not used in this package). The consumer binds one per fetch step, the producer one per
     request it answers, so it runs on the step thread and on the ack path.
     """
 
@@ -178,8 +179,8 @@ def configure_logging(*, json: bool = False, level: int | str = logging.INFO) ->
     renderer = structlog.processors.JSONRenderer(sort_keys=True) if json else LogfmtLine()
     structlog.configure(
         processors=[
+            structlog.stdlib.filter_by_level,  # first: a dropped line costs nothing more
             _merge_log_context,
-            structlog.stdlib.filter_by_level,
             structlog.stdlib.add_logger_name,
             structlog.stdlib.add_log_level,
             structlog.processors.TimeStamper(fmt="iso", utc=True),
