@@ -21,7 +21,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -79,12 +78,6 @@ def pytest_collection_modifyitems(config, items) -> None:  # noqa: ANN001 (pytes
     for item in items:
         if "fault_long" in item.keywords:
             item.add_marker(skip)
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
 
 
 class DrivenProcess:
@@ -165,13 +158,17 @@ class ProducerProcess(DrivenProcess):
         env: dict[str, str] | None = None,
     ) -> None:
         self.host = host
-        self.port = port or free_port(host if not prefix else "127.0.0.1")
-        argv = [*prefix, PYTHON, str(SCRIPT), name, host, str(self.port), str(shm_dir), str(cpu_bytes)]
+        # No port given: the producer binds port 0 and says which it got (a port picked here could
+        # be taken by another process's socket before the child binds it). A restart passes the
+        # port the first process had, so consumers reach it at the same address.
+        argv = [*prefix, PYTHON, str(SCRIPT), name, host, str(port or 0), str(shm_dir), str(cpu_bytes)]
         argv.append(json.dumps(extra or {}))
         if secret is not None:
             argv.append(secret)
         super().__init__(name, argv, env)
         self.agent = self.hello["agent"]
+        self.port: int = self.hello["port"]
+        assert port in (None, self.port), f"producer asked for port {port} listens on {self.port}"
 
     def store(self, key: str, rows: int) -> dict:
         assert self.call("store", key=key, rows=rows)["stored"], f"{key} was not stored"
