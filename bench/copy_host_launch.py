@@ -33,8 +33,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.copy_bandwidth import scattered  # noqa: E402
 from ec_connector.adapters.memory import MemoryRegion  # noqa: E402
 from ec_connector.adapters.torch_copy import TorchCopier  # noqa: E402
+from ec_connector.adapters.torch_copy.batchplan import BatchPlanner  # noqa: E402
 from ec_connector.adapters.torch_copy.copier import DMA_MIN_BYTES  # noqa: E402
-from ec_connector.adapters.torch_copy.plan import plan_runs  # noqa: E402
+from ec_connector.adapters.torch_copy.cuda import FEW_RUNS, MIXED_MIN_RUNS  # noqa: E402
 from ec_connector.application.worker import TierWorker  # noqa: E402
 from ec_connector.domain.blocks import Extent  # noqa: E402
 from ec_connector.domain.config import Role  # noqa: E402
@@ -177,10 +178,20 @@ def measure(
     load()
     result["bytes_ok"] = all(torch.equal(a, b) for a, b in zip(loaded, payloads, strict=True))
     copies = [PlannedCopy(next(tickets), "k", e, rows) for e in extents]
+    row_bytes = layout.block_size_bytes
+    planner = BatchPlanner(  # the CUDA engine's plan of this batch's load, alone
+        num_blocks=blocks,
+        row_bytes=row_bytes,
+        host_address=1 << 32,
+        big_rows=None if dma_min_bytes is None else -(-dma_min_bytes // row_bytes),
+        few_runs=FEW_RUNS,
+        mixed_min_runs=MIXED_MIN_RUNS,
+        base_align=row_bytes | 1 << 32,
+    )
     xs = []
     for _ in range(iters):
         t0 = time.perf_counter()
-        plan_runs(copies, blocks)
+        planner.load(copies, 1 << 40)
         xs.append(time.perf_counter() - t0)
     result["plan_us"] = statistics.median(xs) * 1e6
     worker.close()

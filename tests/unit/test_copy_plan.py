@@ -1,4 +1,7 @@
-"""The copier's batch plan (adapters/torch_copy/plan.py) against a plain-Python reference."""
+"""The CPU engine's batch plan (adapters/torch_copy/plan.py) against a plain-Python reference.
+
+The CUDA engine's compiled plan (joining, the copy-engine/kernel split) is tested in test_batch_plan.py.
+"""
 
 from __future__ import annotations
 
@@ -78,65 +81,3 @@ def test_a_copy_beyond_the_region_is_named() -> None:
 def test_an_empty_batch_plans_nothing() -> None:
     runs = plan_runs([], NUM_BLOCKS)
     assert runs.total_rows == 0 and len(runs.starts) == 0 and runs.rows == []
-
-
-@settings(max_examples=300, deadline=None)
-@given(
-    st.lists(st.tuples(st.integers(1, 8), st.booleans(), st.booleans()), min_size=1, max_size=30),
-)
-def test_joining_touching_runs_keeps_every_row_where_it_was(shape: list[tuple[int, bool, bool]]) -> None:
-    """Runs are joined only where both sides continue; the row -> (block, address) map is unchanged."""
-    np = pytest.importorskip("numpy")
-    from ec_connector.adapters.torch_copy.cuda import _join_touching
-
-    row_bytes = 64
-    starts, lengths, at, block, address = [], [], [], 100, 1 << 20
-    for n, region_gap, dense_gap in shape:
-        block += 2 if region_gap else 0
-        address += 3 * row_bytes if dense_gap else 0
-        starts.append(block)
-        lengths.append(n)
-        at.append(address)
-        block += n
-        address += n * row_bytes
-    arr = lambda v: np.array(v, dtype=np.int64)  # noqa: E731
-    firsts = np.cumsum(arr(lengths)) - arr(lengths)
-    j_starts, j_lengths, j_firsts, j_at = _join_touching(
-        arr(starts), arr(lengths), firsts, arr(at), row_bytes
-    )
-
-    def rows(s, ln, f, a):  # noqa: ANN001, ANN202
-        return {
-            int(f[i]) + r: (int(s[i]) + r, int(a[i]) + r * row_bytes)
-            for i in range(len(s))
-            for r in range(int(ln[i]))
-        }
-
-    assert rows(j_starts, j_lengths, j_firsts, j_at) == rows(arr(starts), arr(lengths), firsts, arr(at))
-    joins = sum(1 for _n, rg, dg in shape[1:] if not rg and not dg)
-    assert len(j_starts) == len(shape) - joins
-
-
-@pytest.mark.parametrize("shared", [True, False])
-def test_runs_of_different_payloads_join_only_inside_one_allocation(shared: bool) -> None:
-    np = pytest.importorskip("numpy")
-    from ec_connector.adapters.torch_copy.cuda import _join_touching
-
-    class Owners:  # payload 0 holds runs 0-1, payload 1 runs 2-3; all four touch on both sides
-        of_run = np.array([0, 0, 1, 1], dtype=np.int64)
-
-        def storage_bases(self) -> np.ndarray:
-            return np.array([1000, 1000 if shared else 1005], dtype=np.int64)
-
-    arr = lambda v: np.array(v, dtype=np.int64)  # noqa: E731
-    starts, lengths, firsts, at = (
-        arr([10, 12, 15, 16]),
-        arr([2, 3, 1, 4]),
-        arr([0, 2, 5, 6]),
-        arr([0, 2, 5, 6]),
-    )
-    j_starts, j_lengths, _, j_at = _join_touching(starts, lengths, firsts, at, 1, Owners())  # type: ignore[arg-type]
-    if shared:
-        assert j_starts.tolist() == [10] and j_lengths.tolist() == [10]
-    else:
-        assert j_starts.tolist() == [10, 15] and j_lengths.tolist() == [5, 5] and j_at.tolist() == [0, 5]

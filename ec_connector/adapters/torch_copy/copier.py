@@ -8,7 +8,7 @@ import torch
 
 from ec_connector.adapters.torch_copy.cpu import CpuEngine
 from ec_connector.adapters.torch_copy.cuda import CudaEngine
-from ec_connector.adapters.torch_copy.plan import CopyTiming, plan_runs
+from ec_connector.adapters.torch_copy.plan import CopyTiming
 from ec_connector.domain.errors import LayoutMismatch, RegionError
 from ec_connector.domain.layout import Layout
 from ec_connector.domain.transfers import PlannedCopy, SaveJob
@@ -124,9 +124,8 @@ class TorchCopier:
                 self._mismatch(p, copy.rows)
             if not p.is_contiguous():
                 sources[i] = p.contiguous()
-        runs = plan_runs(copies, self._layout.num_blocks)
-        if jobs:
-            self._engine.save(runs, sources)  # type: ignore[arg-type]
+        if jobs:  # the engine plans the batch first: LayoutMismatch before anything is queued
+            self._engine.save(copies, sources)  # type: ignore[arg-type]
 
     def load(self, copies: Sequence[PlannedCopy]) -> list[object]:
         """Start copying each entry into a new tensor on the device; non-blocking.
@@ -135,10 +134,9 @@ class TorchCopier:
         owns them. Work queued afterwards on the caller's current stream sees the loaded bytes.
         """
         self._open()
-        runs = plan_runs(copies, self._layout.num_blocks)
         if not copies:
             return []
-        return list(self._engine.load(runs))
+        return list(self._engine.load(copies))
 
     def poll(self) -> list[int]:
         """Tickets whose copies have ended since the last poll; non-blocking; each returned once."""

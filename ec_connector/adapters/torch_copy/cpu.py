@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import contextlib
 import time
+from collections.abc import Sequence
 
 import torch
 
-from ec_connector.adapters.torch_copy.plan import CopyTiming, Runs
+from ec_connector.adapters.torch_copy.plan import CopyTiming, Runs, plan_runs
+from ec_connector.domain.transfers import PlannedCopy
 from ec_connector.ports.region import Region
 
 
@@ -36,10 +38,12 @@ class CpuEngine:
         self._dtype = dtype
         self._width = lay.hidden_dim
         self._row_bytes = lay.block_size_bytes
+        self._num_blocks = lay.num_blocks
         self._done: list[int] = []
         self._timings: list[CopyTiming] = []
 
-    def save(self, runs: Runs, payloads: list[torch.Tensor]) -> None:
+    def save(self, copies: Sequence[PlannedCopy], payloads: list[torch.Tensor]) -> None:
+        runs = plan_runs(copies, self._num_blocks)
         t0 = time.perf_counter()
         rows = self._region_rows()
         starts, lengths = runs.starts.tolist(), runs.lengths.tolist()
@@ -52,7 +56,8 @@ class CpuEngine:
             k += count
         self._finish("save", runs, t0)
 
-    def load(self, runs: Runs) -> tuple[torch.Tensor, ...]:
+    def load(self, copies: Sequence[PlannedCopy]) -> tuple[torch.Tensor, ...]:
+        runs = plan_runs(copies, self._num_blocks)
         t0 = time.perf_counter()
         rows = self._region_rows()
         out = torch.empty((runs.total_rows, self._width), dtype=self._dtype)

@@ -10,23 +10,25 @@ the launch path uses raw runtime calls (cudart.py) and pre-compiled kernels (ker
 Sources stay referenced until the end event has fired; load outputs are allocated on the caller's
 stream and the caller's stream waits on the end event, so anything queued after `load` sees the
 bytes (and memory reused after the outputs are freed is written only after the copy). The batch
-plan is a few numpy operations over the whole batch (plan.py), so host time barely grows with runs.
+plan (validation, joining touching runs, the split between copy engines and kernel, the kernel's
+run table) is one call into compiled C (batchplan.c), so host time barely grows with runs.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import ctypes
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Final
 
-import numpy as np
 import torch
 
 from ec_connector.adapters.torch_copy import hostmem
+from ec_connector.adapters.torch_copy.batchplan import BatchPlan, BatchPlanner
 from ec_connector.adapters.torch_copy.cpu import release_view
 from ec_connector.adapters.torch_copy.cudart import runtime
-from ec_connector.adapters.torch_copy.plan import CopyTiming, Runs
+from ec_connector.adapters.torch_copy.plan import CopyTiming
 from ec_connector.domain.errors import RegionError
+from ec_connector.domain.transfers import PlannedCopy
 from ec_connector.ports.region import Region
 
 _WORD_DTYPES = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
@@ -40,9 +42,8 @@ FEW_RUNS = 4
 # 0.81x on the copy engines alone).
 MIXED_MIN_RUNS = 16
 
-_ALL: Final = slice(None)  # every run of the batch
-Selection = slice | np.ndarray | None  # _ALL, a boolean mask over the runs, or no run
-_data_ptr = torch.Tensor.data_ptr
+_data_ptr: Callable[[torch.Tensor], int] = torch.Tensor.data_ptr  # type: ignore[assignment]
+_storage_offset: Callable[[torch.Tensor], int] = torch.Tensor.storage_offset  # type: ignore[assignment]
 
 
 class _Slot:
@@ -116,6 +117,15 @@ class CudaEngine:
         self._region_words = {w: self._region.view(t) for w, t in _WORD_DTYPES.items() if rb % w == 0}
         self._base_align = rb | self._registration.device_address
         self._launcher = kernels.Launcher(rb, tile_bytes=tile_bytes, num_warps=num_warps)
+        self._planner = BatchPlanner(
+            num_blocks=lay.num_blocks,
+            row_bytes=rb,
+            host_address=address,
+            big_rows=self._big_rows,
+            few_runs=FEW_RUNS,
+            mixed_min_runs=MIXED_MIN_RUNS,
+            base_align=self._base_align,
+        )
         with torch.cuda.device(device):
             self._save_streams = [torch.cuda.Stream(device) for _ in range(streams)]
             self._load_streams = [torch.cuda.Stream(device) for _ in range(streams)]
@@ -134,28 +144,29 @@ class CudaEngine:
 
     # -- the two directions -------------------------------------------------------------------
 
-    def save(self, runs: Runs, sources: list[torch.Tensor]) -> None:
+    def save(self, copies: Sequence[PlannedCopy], sources: list[torch.Tensor]) -> None:
         """`sources`: contiguous payloads, one per copy (the copier validated them)."""
         caller = torch._C._cuda_getCurrentRawStream(self._index)
-        rb = self._row_bytes
-        pointers = np.fromiter(map(_data_ptr, sources), np.int64, len(sources))
-        if runs.one_run_each:
-            at = pointers
-        else:  # run i's rows start at its payload's address plus its rows before it in the payload
-            at = runs.per_run(pointers - runs.entry_firsts() * rb) + runs.firsts * rb
+        plan = self._planner.save(
+            copies,
+            list(map(_data_ptr, sources)),
+            list(map(_storage_offset, sources)),
+            sources[0].element_size(),
+        )
         stream = self._next(self._save_streams)
-        self._submit("save", runs, caller, stream, at, sources)
+        self._submit("save", plan, copies, caller, stream, sources)
 
-    def load(self, runs: Runs) -> tuple[torch.Tensor, ...]:
+    def load(self, copies: Sequence[PlannedCopy]) -> tuple[torch.Tensor, ...]:
         caller = torch._C._cuda_getCurrentRawStream(self._index)
-        out = torch.empty((runs.total_rows, self._width), dtype=self._dtype, device=self._device)
-        at = out.data_ptr() + runs.firsts * self._row_bytes
+        rows = [c.rows for c in copies]
+        out = torch.empty((sum(rows), self._width), dtype=self._dtype, device=self._device)
+        plan = self._planner.load(copies, out.data_ptr())
         stream = self._next(self._load_streams)
-        end = self._submit("load", runs, caller, stream, at, [out])
+        end = self._submit("load", plan, copies, caller, stream, [out])
         # No record_stream: `out` belongs to the caller's stream, which waits here for the end event,
         # so whatever reuses its memory after it is freed is queued behind the copy.
         self._rt.wait(caller, end)
-        return out.split(runs.rows)
+        return out.split(rows)
 
     # -- completion ------------------------------------------------------------------------------
 
@@ -211,39 +222,27 @@ class CudaEngine:
     def _submit(
         self,
         direction: str,
-        runs: Runs,
+        plan: BatchPlan,
+        copies: Sequence[PlannedCopy],
         caller: int,
         stream_obj: torch.cuda.Stream,
-        at: np.ndarray,
         dense: list[torch.Tensor],
     ) -> int:
-        """Queue the batch on `stream_obj`; returns its end event.
+        """Queue the planned batch on `stream_obj`; returns its end event.
 
-        Run i's rows are at device address `at[i]` onward, in `dense`: one tensor per copy (saves,
-        kept alive until the end event) or one for the whole batch (loads, the caller's).
+        `dense`: one tensor per copy (saves, kept alive until the end event) or one for the whole
+        batch (loads, the caller's); the plan's addresses are into them.
         """
         save = direction == "save"
-        rb = self._row_bytes
-        starts, lengths, firsts = runs.starts, runs.lengths, runs.firsts
-        if len(lengths) > FEW_RUNS:
-            owners = _Owners(runs, dense) if save else None
-            starts, lengths, firsts, at = _join_touching(starts, lengths, firsts, at, rb, owners)
-        dma, kernel = self._split(lengths)
-
         slot: _Slot | None = None
         fire = None
-        if kernel is not None:
-            slot, fire = self._kernel_launch(runs, starts, lengths, firsts, at, kernel, dense, save)
-        if dma is not None:
-            hosts = self._host_address + starts[dma] * rb
-            denses = at[dma]
-            sizes = lengths[dma] * rb
-            dsts, srcs = (hosts, denses) if save else (denses, hosts)
+        if plan.kernel:  # bound before the batch's first stream operation: it starts as soon as queued
+            slot, fire = self._kernel_launch(plan, dense[0], save)
 
         rt = self._rt
         start, end = self._events.pop() if self._events else (rt.event(timing=True), rt.event(timing=True))
         stream = stream_obj.cuda_stream
-        side = self._side[stream] if dma is not None and fire is not None else None
+        side = self._side[stream] if plan.dma and fire is not None else None
         rt.record(self._fence, caller)
         rt.wait(stream, self._fence)
         rt.record(start, stream)
@@ -253,101 +252,46 @@ class CudaEngine:
             if slot is not None:
                 rt.memcpy(slot.device_address, slot.pinned_address, slot.staged_bytes, stream)
             fire(stream)
-        if dma is not None:
-            rt.memcpy_many(dsts, srcs, sizes, stream if side is None else side.cuda_stream)
+        if plan.dma:
+            on = stream if side is None else side.cuda_stream
+            rt.memcpy_batch(plan.dma_dst, plan.dma_src, plan.dma_size, plan.dma, on)
         if side is not None:
             rt.record(self._join, side.cuda_stream)
             rt.wait(stream, self._join)
         rt.record(end, stream)
         keep = tuple(dense) if save else ()
-        self._pending.append(_Batch(direction, runs.tickets, runs.total_rows * rb, start, end, slot, keep))
+        tickets = [c.ticket for c in copies]
+        self._pending.append(
+            _Batch(direction, tickets, plan.total_rows * self._row_bytes, start, end, slot, keep)
+        )
         return end
 
     def _kernel_launch(
-        self,
-        runs: Runs,
-        starts: np.ndarray,
-        lengths: np.ndarray,
-        firsts: np.ndarray,
-        at: np.ndarray,
-        kernel: slice | np.ndarray,
-        dense: list[torch.Tensor],
-        save: bool,
+        self, plan: BatchPlan, first: torch.Tensor, save: bool
     ) -> tuple[_Slot | None, Callable[[int], None] | None]:
-        """Stage the kernel's runs (or pass them inline) and bind its launch; (slot, fire)."""
-        rb = self._row_bytes
-        if kernel is _ALL:
-            k_starts, k_lengths, k_firsts, k_rows, k_at = starts, lengths, firsts, runs.total_rows, at
-        else:
-            k_starts, k_lengths, k_at = starts[kernel], lengths[kernel], at[kernel]
-            k_ends = np.cumsum(k_lengths)
-            k_rows = int(k_ends[-1])
-            k_firsts = k_ends - k_lengths
-        base = dense[0].data_ptr()
-        if save:  # every payload's address and the region's decide the widest common access
-            word, vec = _word(self._base_align | base | int(np.bitwise_or.reduce(k_at)))
-        else:
-            word, vec = _word(self._base_align | base)
-        offsets = (k_at - base) // word  # dense word where each run's first row goes
+        """Stage the kernel's run table (unless its runs go inline) and bind its launch; (slot, fire).
+
+        `first`: the tensor the kernel's dense word offsets count from (the first payload, or the
+        load's output).
+        """
         slot = None
-        inline = None
-        delta: np.ndarray | None = None
-        if len(k_starts) <= self._kernels.INLINE_RUNS:
-            inline = self._kernels.inline_runs(
-                k_starts.tolist(), k_lengths.tolist(), offsets.tolist(), k_rows
-            )
-        else:
-            # from the table, the kernel puts its row r of run i at dense word r * row_words + delta[i]
-            delta = offsets - k_firsts * (rb // word)
-            if not delta.any():
-                delta = None
-            slot = self._stage(k_firsts, k_starts, delta)
+        if plan.inline is None:
+            slot = self._take_slot(plan.kernel)
+            slot.staged_bytes = 3 * plan.kernel * 8
+            ctypes.memmove(slot.pinned_address, plan.table, slot.staged_bytes)
         fire = self._launcher.bind(
-            self._region_words[word],
-            dense[0].view(_WORD_DTYPES[word]),
+            self._region_words[plan.word],
+            first.view(_WORD_DTYPES[plan.word]),
             self._no_table if slot is None else slot.device,
-            word=word,
-            vec=vec,
-            n_runs=len(k_starts),
-            total_rows=k_rows,
-            inline=inline,
+            word=plan.word,
+            vec=plan.vec,
+            n_runs=plan.kernel,
+            total_rows=plan.kernel_rows,
+            inline=plan.inline,
             save=save,
-            delta=delta is not None,
+            delta=plan.delta,
         )
         return slot, fire
-
-    def _split(self, lengths: np.ndarray) -> tuple[Selection, Selection]:
-        """(runs for the copy engines, runs for the kernel): each None, _ALL or a boolean mask.
-
-        Long runs (>= dma_min_bytes) to the copy engines, short ones to the kernel, side by side;
-        but small batches (FEW_RUNS, or MIXED_MIN_RUNS with a long run) to the copy engines alone.
-        """
-        n = len(lengths)
-        big = self._big_rows
-        if n == 0:
-            return None, None
-        if big is None:
-            return None, _ALL
-        if n <= FEW_RUNS:
-            return _ALL, None
-        long = lengths >= big
-        n_long = int(np.count_nonzero(long))
-        if n_long == n or (n_long and n <= MIXED_MIN_RUNS):
-            return _ALL, None
-        if n_long == 0:
-            return None, _ALL
-        return long, ~long
-
-    def _stage(self, firsts: np.ndarray, starts: np.ndarray, delta: np.ndarray | None) -> _Slot:
-        """Write the run table (first, start, delta columns) into a free slot's pinned buffer."""
-        n = len(starts)
-        slot = self._take_slot(n)
-        table = slot.table
-        table[:n] = firsts
-        table[n : 2 * n] = starts
-        table[2 * n : 3 * n] = 0 if delta is None else delta  # unused column kept: the layout is fixed
-        slot.staged_bytes = 3 * n * 8
-        return slot
 
     def _retire(self, batch: _Batch) -> None:
         seconds = self._rt.elapsed(batch.start, batch.end)
@@ -384,64 +328,6 @@ class CudaEngine:
                 save=save,
                 delta=delta,
             )
-
-
-class _Owners:
-    """Which payload each run of a save belongs to, and where each payload's allocation begins.
-
-    A payload's storage begins at `data_ptr - storage_offset * itemsize`: views of one tensor share
-    that address, separately allocated tensors (even adjacent ones) do not.
-    """
-
-    def __init__(self, runs: Runs, payloads: list[torch.Tensor]) -> None:
-        self._runs = runs
-        self._payloads = payloads
-
-    @property
-    def of_run(self) -> np.ndarray:
-        return self._runs.per_run(np.arange(len(self._payloads)))
-
-    def storage_bases(self) -> np.ndarray:
-        count = len(self._payloads)
-        pointers = np.fromiter(map(_data_ptr, self._payloads), np.int64, count)
-        offsets = np.fromiter(map(_storage_offset, self._payloads), np.int64, count)
-        return pointers - offsets * self._payloads[0].element_size()
-
-
-_storage_offset = torch.Tensor.storage_offset
-
-
-def _join_touching(
-    starts: np.ndarray,
-    lengths: np.ndarray,
-    firsts: np.ndarray,
-    at: np.ndarray,
-    row_bytes: int,
-    owners: _Owners | None = None,
-) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """Merge each run into the previous one where both the region blocks and the dense bytes continue it.
-
-    Entries the allocator placed back to back (FIFO allocation makes many) then cost one copy-engine
-    copy instead of one each: the driver spends ~1-1.5 µs of host time per copy of a batch. On the
-    dense side a copy may not span two allocations, so with `owners` (saves: one payload per copy)
-    runs of different payloads are joined only when the payloads are views of one tensor, as an
-    encoder's per-item outputs split from its batch output are.
-    """
-    head = lengths[:-1]
-    touching = starts[1:] == starts[:-1] + head  # region side first: most batches stop here
-    if not touching.any():
-        return starts, lengths, firsts, at
-    touching &= at[1:] == at[:-1] + head * row_bytes
-    if owners is not None and touching.any():
-        of_run = owners.of_run
-        across = touching & (of_run[1:] != of_run[:-1])
-        if across.any():
-            bases = owners.storage_bases()
-            touching &= ~across | (bases[of_run[1:]] == bases[of_run[:-1]])
-    if not touching.any():
-        return starts, lengths, firsts, at
-    heads = np.flatnonzero(np.concatenate(([True], ~touching)))
-    return starts[heads], np.add.reduceat(lengths, heads), firsts[heads], at[heads]
 
 
 def _word(align: int) -> tuple[int, int]:

@@ -166,26 +166,22 @@ class CudaRuntime:
             self.check(err, "cudaMemcpyAsync")
 
     def memcpy_many(self, dsts: np.ndarray, srcs: np.ndarray, sizes: np.ndarray, stream: int) -> None:
+        """`memcpy_batch` of three contiguous int64 arrays (addresses and byte counts)."""
+        self.memcpy_batch(_address(dsts), _address(srcs), _address(sizes), len(sizes), stream)
+
+    def memcpy_batch(self, dsts: int, srcs: int, sizes: int, count: int, stream: int) -> None:
         """Copy each (dst, src, size) in stream order: one cudaMemcpyBatchAsync where available.
 
-        The three arrays are contiguous int64 (addresses and byte counts), read before this returns.
+        `dsts`, `srcs`, `sizes`: addresses of `count` int64 each (read before this returns).
         """
-        count = len(sizes)
         if count == 0:
             return
         if self._batch is None or count == 1:
-            for d, s, n in zip(dsts.tolist(), srcs.tolist(), sizes.tolist(), strict=True):
+            columns = [(ctypes.c_int64 * count).from_address(a) for a in (dsts, srcs, sizes)]
+            for d, s, n in zip(*columns, strict=True):
                 self.memcpy(d, s, n, stream)
             return
-        args = [
-            _address(dsts),
-            _address(srcs),
-            _address(sizes),
-            count,
-            self._attrs_address,
-            self._attr_index_address,
-            1,
-        ]
+        args = [dsts, srcs, sizes, count, self._attrs_address, self._attr_index_address, 1]
         if self._batch_has_fail_index:
             args.append(self._fail_index_address)
         self.check(self._batch(*args, stream), "cudaMemcpyBatchAsync")

@@ -70,7 +70,7 @@ def plan_runs(copies: Sequence[PlannedCopy], num_blocks: int) -> Runs:
         cover = np.concatenate(([0], ends))[np.cumsum(counts)]
         covered_ok = bool((cover == np.cumsum(rows)).all())
     if not covered_ok or (n and int((starts + lengths).max()) > num_blocks):
-        _raise_for(copies, num_blocks)
+        raise_for_extents(copies, num_blocks)
     return Runs(
         tickets=[c.ticket for c in copies],
         rows=rows,
@@ -83,7 +83,8 @@ def plan_runs(copies: Sequence[PlannedCopy], num_blocks: int) -> Runs:
     )
 
 
-def _raise_for(copies: Sequence[PlannedCopy], num_blocks: int) -> None:
+def raise_for_extents(copies: Sequence[PlannedCopy], num_blocks: int) -> None:
+    """Raise the LayoutMismatch that names the first copy whose extents are wrong for its rows or region."""
     for copy in copies:
         covered = sum(e.length for e in copy.extents)
         if covered != copy.rows:
@@ -96,4 +97,7 @@ def _raise_for(copies: Sequence[PlannedCopy], num_blocks: int) -> None:
                 f"entry {copy.key!r} has extents {copy.extents} beyond the region's {num_blocks} "
                 "blocks; extents must come from this region's allocator"
             )
-    raise AssertionError("plan_runs found a problem that _raise_for could not name")  # pragma: no cover
+    raise LayoutMismatch(
+        "the batch's packed extents do not match its copies' extents; build each PlannedCopy without "
+        "`packed` or with pack_extents(extents)"
+    )

@@ -1,0 +1,260 @@
+"""The CUDA engine's batch plan, compiled (batchplan.c), loaded with ctypes.
+
+`BatchPlanner.plan` validates a batch's runs, joins the touching ones, and lays out the copy-engine
+copies and the copy kernel's runs in one C call: what numpy did in 20-60 µs per batch of 32 on the
+engine's step thread. The library is built on first use with the C compiler Triton itself needs
+on a CUDA machine (`$CC`, else `cc`, `gcc` or `clang`) and cached per source and compiler under
+`$EC_CONNECTOR_CACHE` (default `~/.cache/ec_connector`); concurrent builds each write their own file
+and rename it into place.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+import threading
+from array import array
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from ec_connector.adapters.torch_copy.plan import raise_for_extents
+from ec_connector.domain.errors import ECConnectorError
+from ec_connector.domain.transfers import PlannedCopy
+
+SOURCE = Path(__file__).with_name("batchplan.c")
+
+# io[] slots, as batchplan.c numbers them
+(
+    IN_COPIES,
+    IN_RUNS,
+    IN_CAPACITY,
+    IN_NUM_BLOCKS,
+    IN_ROW_BYTES,
+    IN_HOST,
+    IN_DENSE,
+    IN_ITEM_BYTES,
+    IN_BIG_ROWS,
+    IN_FEW_RUNS,
+    IN_MIXED_MIN_RUNS,
+    IN_BASE_ALIGN,
+    IN_SAVE,
+    OUT_BAD_COPY,
+    OUT_TOTAL_ROWS,
+    OUT_DMA,
+    OUT_KERNEL,
+    OUT_KERNEL_ROWS,
+    OUT_WORD,
+    OUT_VEC,
+    OUT_DELTA,
+) = range(21)
+_OK, _BAD_CAPACITY = 0, 3
+_SECTION_DMA_DST, _SECTION_DMA_SRC, _SECTION_DMA_SIZE, _SECTION_TABLE = range(4)
+_vp = ctypes.c_void_p
+
+
+@dataclass(slots=True)
+class BatchPlan:
+    """One planned batch. Addresses point into the planner's workspace: valid until its next plan
+    (and while the planner lives).
+
+    `dma` copies (dst, src and size columns of int64 at the three addresses) go to the copy engines;
+    `kernel` runs of `kernel_rows` rows to the copy kernel, with `word`/`vec` its access width and
+    either `inline` (its arguments, at most INLINE_RUNS runs) or a staged table of `kernel * 3`
+    int64 at `table` (columns first, start, delta; `delta` False when that column is all zero).
+    """
+
+    total_rows: int
+    dma: int
+    dma_dst: int
+    dma_src: int
+    dma_size: int
+    kernel: int
+    kernel_rows: int
+    word: int
+    vec: int
+    delta: bool
+    inline: tuple[int, ...] | None
+    table: int
+
+
+class BatchPlanner:
+    """Plans batches for one region and one copy configuration (all sizes in blocks and bytes).
+
+    `big_rows`: runs of at least this many rows go to the copy engines (None: none do);
+    `few_runs`/`mixed_min_runs`: batches of at most that many runs (or, with a long run, that many)
+    go wholly to the copy engines; `base_align`: OR of the row size and the region's device address.
+    """
+
+    def __init__(
+        self,
+        *,
+        num_blocks: int,
+        row_bytes: int,
+        host_address: int,
+        big_rows: int | None,
+        few_runs: int,
+        mixed_min_runs: int,
+        base_align: int,
+    ) -> None:
+        lib = library()
+        self._plan = lib.ec_plan_batch
+        self._sections = int(lib.ec_plan_sections())
+        self._inline_runs = int(lib.ec_plan_inline_runs())
+        self._num_blocks = num_blocks
+        self._io = np.zeros(int(lib.ec_plan_io_slots()), dtype=np.int64)
+        io = self._io
+        io[IN_NUM_BLOCKS] = num_blocks
+        io[IN_ROW_BYTES] = row_bytes
+        io[IN_HOST] = host_address
+        io[IN_BIG_ROWS] = -1 if big_rows is None else big_rows
+        io[IN_FEW_RUNS] = few_runs
+        io[IN_MIXED_MIN_RUNS] = mixed_min_runs
+        io[IN_BASE_ALIGN] = base_align
+        self._io_address = io.ctypes.data
+        self._capacity = 0
+        self._workspace = np.zeros(0, dtype=np.int64)
+        self._workspace_address = 0
+        self._grow(1024)
+
+    def save(
+        self, copies: Sequence[PlannedCopy], pointers: list[int], offsets: list[int], item_bytes: int
+    ) -> BatchPlan:
+        """Plan copying payload i (its first row at `pointers[i]`, `offsets[i]` elements of
+        `item_bytes` into its storage) into copy i's extents. LayoutMismatch names a bad copy."""
+        io = self._io
+        io[IN_SAVE] = 1
+        io[IN_ITEM_BYTES] = item_bytes
+        return self._run(copies, array("q", pointers), array("q", offsets))
+
+    def load(self, copies: Sequence[PlannedCopy], dense: int) -> BatchPlan:
+        """Plan copying each copy's extents to rows back to back from address `dense`."""
+        io = self._io
+        io[IN_SAVE] = 0
+        io[IN_DENSE] = dense
+        return self._run(copies, None, None)
+
+    def _run(self, copies: Sequence[PlannedCopy], pointers: array | None, offsets: array | None) -> BatchPlan:
+        packs = [c.packed for c in copies]
+        packed = b"".join(packs)
+        n_runs = len(packed) >> 4
+        if n_runs > self._capacity:
+            self._grow(n_runs)
+        rows = array("q", [c.rows for c in copies])
+        counts = array("q", [len(p) >> 4 for p in packs])
+        io = self._io
+        io[IN_COPIES] = len(copies)
+        io[IN_RUNS] = n_runs
+        err = self._plan(
+            self._io_address,
+            self._workspace_address,
+            packed,
+            rows.buffer_info()[0],
+            counts.buffer_info()[0],
+            None if pointers is None else pointers.buffer_info()[0],
+            None if offsets is None else offsets.buffer_info()[0],
+        )
+        if err != _OK:
+            if err == _BAD_CAPACITY:  # pragma: no cover - grown above
+                raise AssertionError("the batch planner's workspace was not grown")
+            raise_for_extents(copies, self._num_blocks)
+        total, dma, kernel, kernel_rows, word, vec, delta = io[OUT_TOTAL_ROWS : OUT_DELTA + 1].tolist()
+        at = self._workspace_address
+        step = self._capacity * 8
+        table = at + _SECTION_TABLE * step
+        inline = None
+        if 0 < kernel <= self._inline_runs:
+            n = 3 * self._inline_runs - 1
+            start = _SECTION_TABLE * self._capacity
+            inline = tuple(self._workspace[start : start + n].tolist())
+        return BatchPlan(
+            total,
+            dma,
+            at + _SECTION_DMA_DST * step,
+            at + _SECTION_DMA_SRC * step,
+            at + _SECTION_DMA_SIZE * step,
+            kernel,
+            kernel_rows,
+            word,
+            vec,
+            bool(delta),
+            inline,
+            table,
+        )
+
+    def _grow(self, runs: int) -> None:
+        capacity = max(1024, 1 << (runs - 1).bit_length())
+        self._workspace = np.zeros(self._sections * capacity, dtype=np.int64)
+        self._workspace_address = self._workspace.ctypes.data
+        self._capacity = capacity
+        self._io[IN_CAPACITY] = capacity
+
+
+_library: ctypes.CDLL | None = None
+_lock = threading.Lock()
+
+
+def library() -> ctypes.CDLL:
+    """The compiled planner, built on first use (once per source and compiler, then cached)."""
+    global _library
+    with _lock:
+        if _library is None:
+            lib = ctypes.CDLL(str(_build()))
+            lib.ec_plan_batch.argtypes = [_vp, _vp, ctypes.c_char_p, _vp, _vp, _vp, _vp]
+            lib.ec_plan_batch.restype = ctypes.c_int64
+            for name in ("ec_plan_sections", "ec_plan_io_slots", "ec_plan_inline_runs"):
+                getattr(lib, name).restype = ctypes.c_int64
+            _library = lib
+        return _library
+
+
+def compiler() -> str | None:
+    """The C compiler the planner is built with: $CC, else the first of cc, gcc, clang on PATH."""
+    named = os.environ.get("CC")
+    if named:
+        return named
+    for candidate in ("cc", "gcc", "clang"):
+        found = shutil.which(candidate)
+        if found:
+            return found
+    return None
+
+
+def _build() -> Path:
+    cc = compiler()
+    if cc is None:
+        raise ECConnectorError(
+            "TorchCopier on CUDA builds its batch planner (batchplan.c) with a C compiler, as Triton "
+            "builds its launchers, and found none: install gcc or clang, or name one in $CC"
+        )
+    source = SOURCE.read_bytes()
+    flags = ["-O2", "-shared", "-fPIC", "-std=c11"]
+    key = hashlib.sha256(source + cc.encode() + " ".join(flags).encode() + platform.machine().encode())
+    cache = Path(os.environ.get("EC_CONNECTOR_CACHE") or Path.home() / ".cache" / "ec_connector")
+    target = cache / f"batchplan-{key.hexdigest()[:16]}.so"
+    if target.exists():
+        return target
+    cache.mkdir(parents=True, exist_ok=True)
+    fd, partial = tempfile.mkstemp(prefix=target.stem, suffix=".so.partial", dir=cache)
+    os.close(fd)
+    try:
+        done = subprocess.run(
+            [cc, *flags, "-o", partial, str(SOURCE)], capture_output=True, text=True, check=False
+        )
+        if done.returncode != 0:
+            raise ECConnectorError(
+                f"building the batch planner with {cc} failed (exit {done.returncode}): "
+                f"{done.stderr.strip()[-2000:]}"
+            )
+        os.replace(partial, target)
+    finally:
+        if os.path.exists(partial):
+            os.unlink(partial)
+    return target
