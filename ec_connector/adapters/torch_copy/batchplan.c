@@ -19,9 +19,14 @@ enum {
     OUT_DELTA, IO_SLOTS = 32
 };
 
-/* the workspace: SECTIONS int64 columns of IN_CAPACITY values each, in this order */
-enum { W_DMA_DST, W_DMA_SRC, W_DMA_SIZE, W_TABLE, W_TABLE2, W_TABLE3, W_START, W_LENGTH, W_FIRST,
-       W_AT, W_BASE, SECTIONS };
+/* the workspace: SECTIONS int64 columns of IN_CAPACITY values each, in this order; the joined runs
+ * are kept as records (one run's fields side by side), not columns: columns 16 KiB apart made every
+ * read of the previous run wait on the stores of the current one (4 KiB aliasing), ~7 ns a run */
+typedef struct {
+    int64_t start, length, first, at, storage;
+} run_t;
+enum { W_DMA_DST, W_DMA_SRC, W_DMA_SIZE, W_TABLE, W_TABLE2, W_TABLE3, W_RUNS,
+       SECTIONS = W_RUNS + sizeof(run_t) / sizeof(int64_t) };
 
 /* the copy kernel takes up to INLINE_RUNS runs as arguments (kernels.py) */
 #define INLINE_RUNS 16
@@ -32,12 +37,14 @@ int64_t ec_plan_sections(void) { return SECTIONS; }
 int64_t ec_plan_io_slots(void) { return IO_SLOTS; }
 int64_t ec_plan_inline_runs(void) { return INLINE_RUNS; }
 
-/* (word bytes, words per 16-byte access) for addresses and sizes all multiples of `align` */
-static void word_for(int64_t align, int64_t *word, int64_t *vec) {
+/* (word bytes, words per 16-byte access, log2 of the word) for addresses and sizes all multiples
+ * of `align` */
+static void word_for(int64_t align, int64_t *word, int64_t *vec, int *shift) {
     int64_t a = align ? (align & -align) : 16;
     if (a > 16) a = 16;
     *word = a < 8 ? a : 8;
     *vec = a / *word;
+    *shift = *word == 8 ? 3 : *word == 4 ? 2 : *word == 2 ? 1 : 0;
 }
 
 /* Plan one batch. `packed`: IN_RUNS (start, length) pairs; `rows`, `counts`: per copy, its rows and
@@ -46,13 +53,14 @@ static void word_for(int64_t align, int64_t *word, int64_t *vec) {
  * IN_DENSE. Returns OK or the first problem (OUT_BAD_COPY names the copy); on a problem nothing
  * but io[] is meaningful. The caller makes the workspace SECTIONS * IN_CAPACITY values long and
  * IN_CAPACITY at least IN_RUNS. */
-int64_t ec_plan_batch(int64_t *io, int64_t *ws, const int64_t *packed, const int64_t *rows,
-                      const int64_t *counts, const int64_t *pointers, const int64_t *offsets) {
+int64_t ec_plan_batch(int64_t *restrict io, int64_t *restrict ws, const int64_t *restrict packed,
+                      const int64_t *restrict rows, const int64_t *restrict counts,
+                      const int64_t *restrict pointers, const int64_t *restrict offsets) {
     const int64_t n_copies = io[IN_COPIES], n_runs = io[IN_RUNS], cap = io[IN_CAPACITY];
     const int64_t num_blocks = io[IN_NUM_BLOCKS], rb = io[IN_ROW_BYTES], host = io[IN_HOST];
-    const int64_t big = io[IN_BIG_ROWS], save = io[IN_SAVE];
-    int64_t *start = ws + W_START * cap, *length = ws + W_LENGTH * cap, *first = ws + W_FIRST * cap;
-    int64_t *at = ws + W_AT * cap, *base = ws + W_BASE * cap;
+    const int64_t big = io[IN_BIG_ROWS], save = io[IN_SAVE], dense = io[IN_DENSE];
+    const int64_t item_bytes = io[IN_ITEM_BYTES];
+    run_t *restrict run = (run_t *)(ws + W_RUNS * cap);
 
     io[OUT_BAD_COPY] = -1;
     if (n_runs > cap) return BAD_CAPACITY;
@@ -61,32 +69,31 @@ int64_t ec_plan_batch(int64_t *io, int64_t *ws, const int64_t *packed, const int
      *    blocks and the dense bytes continue it (saves: only within one payload's storage) */
     const int join = n_runs > io[IN_FEW_RUNS];
     int64_t n = 0, total = 0, r = 0, last_copy = -1;
+    int64_t end = -1, dense_end = -1; /* where the last joined run ends: region block, dense byte */
     for (int64_t c = 0; c < n_copies; c++) {
-        const int64_t dense0 = save ? pointers[c] : io[IN_DENSE] + total * rb;
-        const int64_t storage = save ? pointers[c] - offsets[c] * io[IN_ITEM_BYTES] : 0;
+        const int64_t dense0 = save ? pointers[c] : dense + total * rb;
+        const int64_t storage = save ? pointers[c] - offsets[c] * item_bytes : 0;
+        const int64_t count = counts[c];
         int64_t covered = 0;
-        if (counts[c] < 1 || r + counts[c] > n_runs) {
+        if (count < 1 || r + count > n_runs) {
             io[OUT_BAD_COPY] = c;
             return BAD_COVER;
         }
-        for (int64_t k = 0; k < counts[c]; k++, r++) {
+        for (int64_t k = 0; k < count; k++, r++) {
             const int64_t s = packed[2 * r], len = packed[2 * r + 1];
             if (s < 0 || len < 1 || s > num_blocks - len) {
                 io[OUT_BAD_COPY] = c;
                 return BAD_BOUNDS;
             }
             const int64_t a = dense0 + covered * rb;
-            if (join && n > 0 && start[n - 1] + length[n - 1] == s &&
-                at[n - 1] + length[n - 1] * rb == a && (last_copy == c || base[n - 1] == storage)) {
-                length[n - 1] += len;
+            if (join && s == end && a == dense_end && (last_copy == c || run[n - 1].storage == storage)) {
+                run[n - 1].length += len;
             } else {
-                start[n] = s;
-                length[n] = len;
-                first[n] = total + covered;
-                at[n] = a;
-                base[n] = storage;
+                run[n] = (run_t){s, len, total + covered, a, storage};
                 n++;
             }
+            end = s + len;
+            dense_end = a + len * rb;
             last_copy = c;
             covered += len;
         }
@@ -106,7 +113,7 @@ int64_t ec_plan_batch(int64_t *io, int64_t *ws, const int64_t *packed, const int
      *    (IN_FEW_RUNS runs, or IN_MIXED_MIN_RUNS with a long one) wholly to the copy engines */
     int64_t n_long = 0;
     if (big >= 0)
-        for (int64_t i = 0; i < n; i++) n_long += length[i] >= big;
+        for (int64_t i = 0; i < n; i++) n_long += run[i].length >= big;
     int all_dma = 0, all_kernel = 0;
     if (n == 0 || big < 0) {
         all_kernel = 1;
@@ -121,11 +128,11 @@ int64_t ec_plan_batch(int64_t *io, int64_t *ws, const int64_t *packed, const int
     int64_t n_dma = 0;
     if (!all_kernel) {
         for (int64_t i = 0; i < n; i++) {
-            if (!all_dma && length[i] < big) continue;
-            const int64_t h = host + start[i] * rb;
-            dst[n_dma] = save ? h : at[i];
-            src[n_dma] = save ? at[i] : h;
-            size[n_dma] = length[i] * rb;
+            if (!all_dma && run[i].length < big) continue;
+            const int64_t h = host + run[i].start * rb;
+            dst[n_dma] = save ? h : run[i].at;
+            src[n_dma] = save ? run[i].at : h;
+            size[n_dma] = run[i].length * rb;
             n_dma++;
         }
     }
@@ -135,13 +142,10 @@ int64_t ec_plan_batch(int64_t *io, int64_t *ws, const int64_t *packed, const int
     int64_t n_k = 0, k_rows = 0, or_at = 0;
     if (!all_dma) {
         for (int64_t i = 0; i < n; i++) {
-            if (!all_kernel && length[i] >= big) continue;
-            start[n_k] = start[i];
-            length[n_k] = length[i];
-            at[n_k] = at[i];
-            first[n_k] = k_rows;
-            or_at |= at[i];
-            k_rows += length[i];
+            if (!all_kernel && run[i].length >= big) continue;
+            run[n_k] = (run_t){run[i].start, run[i].length, k_rows, run[i].at, 0};
+            or_at |= run[i].at;
+            k_rows += run[i].length;
             n_k++;
         }
     }
@@ -152,18 +156,19 @@ int64_t ec_plan_batch(int64_t *io, int64_t *ws, const int64_t *packed, const int
 
     /* the kernel's dense tensor is the first payload (saves) or the batch's output (loads); every
      * address it touches decides the widest common access */
-    const int64_t dense_base = save ? pointers[0] : io[IN_DENSE];
+    const int64_t dense_base = save ? pointers[0] : dense;
     int64_t word, vec;
-    word_for(io[IN_BASE_ALIGN] | dense_base | (save ? or_at : 0), &word, &vec);
+    int shift; /* dense offsets are exact multiples of the word: shifts, not divisions */
+    word_for(io[IN_BASE_ALIGN] | dense_base | (save ? or_at : 0), &word, &vec, &shift);
     io[OUT_WORD] = word;
     io[OUT_VEC] = vec;
     int64_t *table = ws + W_TABLE * cap;
     if (n_k <= INLINE_RUNS) {
         /* inline arguments: first rows of runs 1..15, starts 0..15, dense word offsets 0..15 */
-        for (int64_t i = 1; i < INLINE_RUNS; i++) table[i - 1] = i < n_k ? first[i] : k_rows;
+        for (int64_t i = 1; i < INLINE_RUNS; i++) table[i - 1] = i < n_k ? run[i].first : k_rows;
         for (int64_t i = 0; i < INLINE_RUNS; i++) {
-            table[INLINE_RUNS - 1 + i] = i < n_k ? start[i] : 0;
-            table[2 * INLINE_RUNS - 1 + i] = i < n_k ? (at[i] - dense_base) / word : 0;
+            table[INLINE_RUNS - 1 + i] = i < n_k ? run[i].start : 0;
+            table[2 * INLINE_RUNS - 1 + i] = i < n_k ? (run[i].at - dense_base) >> shift : 0;
         }
         return OK;
     }
@@ -172,9 +177,9 @@ int64_t ec_plan_batch(int64_t *io, int64_t *ws, const int64_t *packed, const int
     const int64_t row_words = rb / word;
     int64_t any_delta = 0;
     for (int64_t i = 0; i < n_k; i++) {
-        const int64_t delta = (at[i] - dense_base) / word - first[i] * row_words;
-        table[i] = first[i];
-        table[n_k + i] = start[i];
+        const int64_t delta = ((run[i].at - dense_base) >> shift) - run[i].first * row_words;
+        table[i] = run[i].first;
+        table[n_k + i] = run[i].start;
         table[2 * n_k + i] = delta;
         any_delta |= delta != 0;
     }

@@ -206,7 +206,7 @@ def library() -> ctypes.CDLL:
     global _library
     with _lock:
         if _library is None:
-            lib = ctypes.CDLL(str(_build()))
+            lib = ctypes.PyDLL(str(_build()))  # short pure computation: keeps the GIL
             lib.ec_plan_batch.argtypes = [_vp, _vp, ctypes.c_char_p, _vp, _vp, _vp, _vp]
             lib.ec_plan_batch.restype = ctypes.c_int64
             for name in ("ec_plan_sections", "ec_plan_io_slots", "ec_plan_inline_runs"):

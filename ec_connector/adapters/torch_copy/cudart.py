@@ -2,8 +2,13 @@
 
 Why not torch's wrappers: on the GPU machine each `torch.cuda.Event.record`, `Stream.wait_event`,
 `copy_` or `set_stream` costs several µs of Python, and a batch needs about ten of them; a ctypes
-call costs well under one. Why not cuda-bindings: it is an extra dependency, and it must be the very
-library torch uses (same process state), which is found in /proc/self/maps.
+call costs well under one. The launch path's calls, which only queue work and never wait, keep the
+GIL (bound through `ctypes.PyDLL`): releasing and taking it back around each cost more than the
+call, and let another thread (the tier watcher, vLLM's) in between the calls of one launch.
+Calls that may wait (`cudaEventSynchronize`, registration) release it.
+
+Why not cuda-bindings: it is an extra dependency, and it must be the very library torch uses (same
+process state), which is found in /proc/self/maps.
 """
 
 from __future__ import annotations
@@ -46,6 +51,7 @@ class CudaRuntime:
     def __init__(self, lib: ctypes.CDLL, path: str) -> None:
         self.path = path
         self._lib = lib
+        held = ctypes.PyDLL(path)  # the same library; its functions keep the GIL
         sig = {
             "cudaHostRegister": [_vp, _sz, _uint],
             "cudaHostUnregister": [_vp],
@@ -62,16 +68,18 @@ class CudaRuntime:
             "cudaStreamWaitEvent": [_vp, _vp, _uint],
             "cudaMemcpyAsync": [_vp, _vp, _sz, _int, _vp],
         }
+        queue_only = ("cudaEventRecord", "cudaEventQuery", "cudaStreamWaitEvent", "cudaMemcpyAsync")
         for name, args in sig.items():
-            fn = getattr(lib, name)
-            fn.argtypes = args
-            fn.restype = ctypes.c_char_p if name == "cudaGetErrorString" else _int
+            for source in (lib, held) if name in queue_only else (lib,):
+                fn = getattr(source, name)
+                fn.argtypes = args
+                fn.restype = ctypes.c_char_p if name == "cudaGetErrorString" else _int
         version = _int()
         lib.cudaRuntimeGetVersion(ctypes.byref(version))
         self.version = version.value
         self._batch = None
         if self.version >= 12080 and hasattr(lib, "cudaMemcpyBatchAsync"):
-            batch = lib.cudaMemcpyBatchAsync
+            batch = held.cudaMemcpyBatchAsync
             fail = [] if self.version >= 13000 else [_vp]  # CUDA 13 dropped the failIdx argument
             batch.argtypes = [_vp, _vp, _vp, _sz, _vp, _vp, _sz, *fail, _vp]
             batch.restype = _int
@@ -83,11 +91,11 @@ class CudaRuntime:
             self._attrs_address = ctypes.addressof(self._attrs)
             self._attr_index_address = ctypes.addressof(self._attr_index)
             self._fail_index_address = ctypes.addressof(self._fail_index)
-        # hot-path entry points, bound once
-        self.record_raw = lib.cudaEventRecord
-        self.wait_raw = lib.cudaStreamWaitEvent
-        self.query_raw = lib.cudaEventQuery
-        self.memcpy_raw = lib.cudaMemcpyAsync
+        # hot-path entry points, bound once, GIL kept
+        self.record_raw = held.cudaEventRecord
+        self.wait_raw = held.cudaStreamWaitEvent
+        self.query_raw = held.cudaEventQuery
+        self.memcpy_raw = held.cudaMemcpyAsync
 
     @property
     def has_batch_copy(self) -> bool:
