@@ -131,9 +131,11 @@ def test_a_planned_save_puts_every_row_in_its_block_and_nothing_else(
         cut = np.cumsum([0, *rows]) * ROW
         payloads = [whole[a:b] for a, b in zip(cut[:-1], cut[1:], strict=True)]
         offsets = [int(a) for a in cut[:-1]]
-    else:  # separately allocated: never joined, even where two happen to sit back to back
-        payloads = [rng.integers(1, 256, r * ROW, dtype=np.uint8) for r in rows]
-        offsets = [0] * len(rows)
+    else:  # separately allocated, each at its own byte offset into its storage (so the kernel's
+        # word must fit every payload's address); never joined, even where two sit back to back
+        offsets = [int(rng.choice([0, 2, 4, 8])) for _ in rows]
+        buffers = [rng.integers(1, 256, r * ROW + 8, dtype=np.uint8) for r in rows]
+        payloads = [b[o : o + r * ROW] for b, o, r in zip(buffers, offsets, rows, strict=True)]
     planner = host.planner(big_rows)  # its workspace holds the plan: keep it alive
     plan = planner.save(copies, [p.ctypes.data for p in payloads], offsets, 1)
     assert plan.total_rows == sum(rows)

@@ -111,9 +111,14 @@ int64_t ec_plan_batch(int64_t *restrict io, int64_t *restrict ws, const int64_t 
 
     /* 2. long runs (>= big rows) to the copy engines, short ones to the kernel; small batches
      *    (IN_FEW_RUNS runs, or IN_MIXED_MIN_RUNS with a long one) wholly to the copy engines */
-    int64_t n_long = 0;
-    if (big >= 0)
-        for (int64_t i = 0; i < n; i++) n_long += run[i].length >= big;
+    int64_t n_long = 0, long_rows = 0, or_all = 0, or_short = 0;
+    for (int64_t i = 0; i < n; i++) {
+        const int64_t is_long = big >= 0 && run[i].length >= big;
+        n_long += is_long;
+        long_rows += is_long ? run[i].length : 0;
+        or_all |= run[i].at;
+        or_short |= is_long ? 0 : run[i].at;
+    }
     int all_dma = 0, all_kernel = 0;
     if (n == 0 || big < 0) {
         all_kernel = 1;
@@ -122,66 +127,66 @@ int64_t ec_plan_batch(int64_t *restrict io, int64_t *restrict ws, const int64_t 
     } else if (n_long == 0) {
         all_kernel = 1;
     }
-
-    /* 3. the copy engines' copies: (dst, src, bytes) */
-    int64_t *dst = ws + W_DMA_DST * cap, *src = ws + W_DMA_SRC * cap, *size = ws + W_DMA_SIZE * cap;
-    int64_t n_dma = 0;
-    if (!all_kernel) {
-        for (int64_t i = 0; i < n; i++) {
-            if (!all_dma && run[i].length < big) continue;
-            const int64_t h = host + run[i].start * rb;
-            dst[n_dma] = save ? h : run[i].at;
-            src[n_dma] = save ? run[i].at : h;
-            size[n_dma] = run[i].length * rb;
-            n_dma++;
-        }
-    }
-    io[OUT_DMA] = n_dma;
-
-    /* 4. the kernel's runs, packed to the front of the joined columns, rows renumbered back to back */
-    int64_t n_k = 0, k_rows = 0, or_at = 0;
-    if (!all_dma) {
-        for (int64_t i = 0; i < n; i++) {
-            if (!all_kernel && run[i].length >= big) continue;
-            run[n_k] = (run_t){run[i].start, run[i].length, k_rows, run[i].at, 0};
-            or_at |= run[i].at;
-            k_rows += run[i].length;
-            n_k++;
-        }
-    }
+    const int64_t n_k = all_dma ? 0 : all_kernel ? n : n - n_long;
+    const int64_t k_rows = all_dma ? 0 : all_kernel ? total : total - long_rows;
+    io[OUT_DMA] = n - n_k;
     io[OUT_KERNEL] = n_k;
     io[OUT_KERNEL_ROWS] = k_rows;
     io[OUT_DELTA] = 0;
-    if (n_k == 0) return OK;
 
     /* the kernel's dense tensor is the first payload (saves) or the batch's output (loads); every
      * address it touches decides the widest common access */
     const int64_t dense_base = save ? pointers[0] : dense;
-    int64_t word, vec;
-    int shift; /* dense offsets are exact multiples of the word: shifts, not divisions */
-    word_for(io[IN_BASE_ALIGN] | dense_base | (save ? or_at : 0), &word, &vec, &shift);
-    io[OUT_WORD] = word;
-    io[OUT_VEC] = vec;
-    int64_t *table = ws + W_TABLE * cap;
-    if (n_k <= INLINE_RUNS) {
-        /* inline arguments: first rows of runs 1..15, starts 0..15, dense word offsets 0..15 */
-        for (int64_t i = 1; i < INLINE_RUNS; i++) table[i - 1] = i < n_k ? run[i].first : k_rows;
-        for (int64_t i = 0; i < INLINE_RUNS; i++) {
-            table[INLINE_RUNS - 1 + i] = i < n_k ? run[i].start : 0;
-            table[2 * INLINE_RUNS - 1 + i] = i < n_k ? (run[i].at - dense_base) >> shift : 0;
-        }
-        return OK;
+    int64_t word = 1, vec = 1;
+    int shift = 0; /* dense offsets are exact multiples of the word: shifts, not divisions */
+    if (n_k) {
+        word_for(io[IN_BASE_ALIGN] | dense_base | (save ? (all_kernel ? or_all : or_short) : 0), &word,
+                 &vec, &shift);
+        io[OUT_WORD] = word;
+        io[OUT_VEC] = vec;
     }
-    /* the staged table: columns first, start, delta of n_k values each, back to back; the kernel
-     * puts row r of run i at dense word r * row_words + delta[i] */
+
+    /* 3. one pass: each run becomes a copy-engine copy (dst, src, bytes) or a kernel run, the
+     *    kernel's rows renumbered back to back. Up to INLINE_RUNS kernel runs become its arguments
+     *    (first rows of runs 1..15, starts 0..15, dense word offsets 0..15); more, the staged table:
+     *    columns first, start, delta of n_k values each, back to back, the kernel putting row r of
+     *    run i at dense word r * row_words + delta[i] */
+    int64_t *dst = ws + W_DMA_DST * cap, *src = ws + W_DMA_SRC * cap, *size = ws + W_DMA_SIZE * cap;
+    int64_t *table = ws + W_TABLE * cap;
+    const int inline_args = n_k <= INLINE_RUNS;
     const int64_t row_words = rb / word;
-    int64_t any_delta = 0;
-    for (int64_t i = 0; i < n_k; i++) {
-        const int64_t delta = ((run[i].at - dense_base) >> shift) - run[i].first * row_words;
-        table[i] = run[i].first;
-        table[n_k + i] = run[i].start;
-        table[2 * n_k + i] = delta;
-        any_delta |= delta != 0;
+    int64_t d = 0, k = 0, k_first = 0, any_delta = 0;
+    for (int64_t i = 0; i < n; i++) {
+        const run_t *x = &run[i];
+        if (all_dma || (!all_kernel && x->length >= big)) {
+            const int64_t h = host + x->start * rb;
+            dst[d] = save ? h : x->at;
+            src[d] = save ? x->at : h;
+            size[d] = x->length * rb;
+            d++;
+            continue;
+        }
+        const int64_t offset = (x->at - dense_base) >> shift;
+        if (inline_args) {
+            if (k) table[k - 1] = k_first;
+            table[INLINE_RUNS - 1 + k] = x->start;
+            table[2 * INLINE_RUNS - 1 + k] = offset;
+        } else {
+            const int64_t delta = offset - k_first * row_words;
+            table[k] = k_first;
+            table[n_k + k] = x->start;
+            table[2 * n_k + k] = delta;
+            any_delta |= delta != 0;
+        }
+        k_first += x->length;
+        k++;
+    }
+    if (n_k && inline_args) {
+        for (int64_t j = n_k; j < INLINE_RUNS; j++) { /* runs past the last: empty, at the end */
+            table[j - 1] = k_rows;
+            table[INLINE_RUNS - 1 + j] = 0;
+            table[2 * INLINE_RUNS - 1 + j] = 0;
+        }
     }
     io[OUT_DELTA] = any_delta;
     return OK;
