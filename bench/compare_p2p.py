@@ -91,18 +91,32 @@ def prefault(area) -> None:
 def verify_runs(area, runs: list[tuple[int, int]], expected) -> bool:
     """Compare each contiguous run of blocks (start, count) with the expected rows, in order.
 
-    Compared as 8-byte words (rows are 7 KiB): every byte is still checked, in half the time of a
-    byte-wise compare (~2.7 vs ~1.3 ms per 9 MiB on the CPU VM); the same check for both sides.
+    Every byte, with libc's `memcmp` over each run (the same check for both sides): ~1.1 ms per
+    9 MiB on the CPU VM where numpy's `array_equal` over 8-byte words took ~2.0 ms and a byte-wise
+    one ~2.7 ms. The check is not either connector's work, so the cheapest exact one keeps the
+    end-to-end figures about the connectors.
     """
-    import numpy as np
-
     done = 0
     for start, count in runs:
         got, want = area[start : start + count], expected[done : done + count]
-        if not np.array_equal(got.view(np.uint64), want.view(np.uint64)):
+        if got.shape != want.shape or not (got.flags.c_contiguous and want.flags.c_contiguous):
+            raise ValueError(f"run ({start}, {count}) does not match the expected rows' layout")
+        if _memcmp(got.ctypes.data, want.ctypes.data, got.nbytes) != 0:
             return False
         done += count
     return done == len(expected)
+
+
+def _libc_memcmp() -> Callable[[int, int, int], int]:
+    import ctypes
+
+    fn = ctypes.CDLL(None).memcmp
+    fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t]
+    fn.restype = ctypes.c_int
+    return fn
+
+
+_memcmp = _libc_memcmp()
 
 
 def block_runs(block_ids) -> list[tuple[int, int]]:
