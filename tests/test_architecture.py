@@ -16,9 +16,7 @@ HEAVY = ["torch", "zmq", "nixl", "msgspec", "vllm"]
 
 def _modules_after(code: str) -> set[str]:
     probe = code + "\nimport sys, json\nprint(json.dumps(sorted(m.split('.')[0] for m in sys.modules)))\n"
-    out = subprocess.run(
-        [sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, check=True
-    )
+    out = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, check=True)
     return set(json.loads(out.stdout.strip().splitlines()[-1]))
 
 

@@ -315,6 +315,8 @@ BAD_RUNS = {
     "negative remote offset": ([(0, B), (-B, B)], [(0, 2 * B)]),
     "negative local offset": ([(0, 2 * B)], [(0, B), (-B, B)]),
 }
+
+
 # The fake copies run by run without range checks: a bad *local* run after a good one is caught
 # only after the good one was written. Strict, so fixing the fake turns these into reminders.
 @pytest.mark.parametrize("case", sorted(BAD_RUNS))

@@ -25,7 +25,6 @@ RANKS = 3
 RegionFactory = Callable[..., Region]
 
 
-
 @pytest.fixture(params=["memory", "shm"])
 def region_factory(request: pytest.FixtureRequest, shm_dir: Path) -> Iterator[RegionFactory]:
     made: list[Region] = []

@@ -44,7 +44,6 @@ def _instance() -> str:
     return f"t{uuid.uuid4().hex[:10]}"
 
 
-
 def _snapshot(path: Path) -> tuple[object, ...]:
     st = os.lstat(path)
     digest = hashlib.sha256(path.read_bytes()).hexdigest() if path.is_file() else None

@@ -264,7 +264,6 @@ def _stored_differs(region: ShmRegion, scheduler: TierScheduler, items: list[tup
         data.release()
 
 
-
 @pytest.mark.parametrize("width", [1024, 3584], ids=lambda w: f"bf16x{w}")
 @pytest.mark.parametrize("device", DEVICES)
 def test_two_workers_save_and_load_through_a_shared_region(device: str, width: int, shm_dir: Path) -> None:
