@@ -4,7 +4,8 @@
 copies and the copy kernel's runs in one C call: what numpy did in 20-60 µs per batch of 32 on the
 engine's step thread. The library is built on first use with the C compiler Triton itself needs
 on a CUDA machine (`$CC`, else `cc`, `gcc` or `clang`) and cached per source and compiler under
-`$EC_CONNECTOR_CACHE` (default `~/.cache/ec_connector`); concurrent builds each write their own file
+`$EC_CONNECTOR_CACHE` (default `~/.cache/ec_connector`, or a directory of the user's own under the
+temporary directory when the home cannot be written); concurrent builds each write their own file
 and rename it into place.
 """
 
@@ -227,6 +228,35 @@ def compiler() -> str | None:
     return None
 
 
+def _cache_dir() -> Path:
+    """$EC_CONNECTOR_CACHE, else ~/.cache/ec_connector, else (a home that cannot be written) a
+    directory of this user's own under the temporary directory. A library is loaded only from a
+    directory this user owns and no one else can write to."""
+    named = os.environ.get("EC_CONNECTOR_CACHE")
+    candidates = [Path(named)] if named else [Path.home() / ".cache" / "ec_connector"]
+    if not named:
+        candidates.append(Path(tempfile.gettempdir()) / f"ec_connector-{os.getuid()}")
+    problems = []
+    for folder in candidates:
+        try:
+            folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+            info = folder.stat()
+        except OSError as err:
+            problems.append(f"{folder}: {err.strerror or err}")
+            continue
+        if info.st_uid != os.getuid() or info.st_mode & 0o022:
+            problems.append(f"{folder}: not this user's own, or writable by others")
+            continue
+        if os.access(folder, os.W_OK):
+            return folder
+        problems.append(f"{folder}: not writable")
+    raise ECConnectorError(
+        "no cache directory for the copier's batch planner: "
+        + "; ".join(problems)
+        + "; name a writable directory of your own in $EC_CONNECTOR_CACHE"
+    )
+
+
 def _build() -> Path:
     cc = compiler()
     if cc is None:
@@ -237,11 +267,10 @@ def _build() -> Path:
     source = SOURCE.read_bytes()
     flags = ["-O2", "-shared", "-fPIC", "-std=c11"]
     key = hashlib.sha256(source + cc.encode() + " ".join(flags).encode() + platform.machine().encode())
-    cache = Path(os.environ.get("EC_CONNECTOR_CACHE") or Path.home() / ".cache" / "ec_connector")
+    cache = _cache_dir()
     target = cache / f"batchplan-{key.hexdigest()[:16]}.so"
     if target.exists():
         return target
-    cache.mkdir(parents=True, exist_ok=True)
     fd, partial = tempfile.mkstemp(prefix=target.stem, suffix=".so.partial", dir=cache)
     os.close(fd)
     try:
