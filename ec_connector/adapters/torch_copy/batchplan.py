@@ -108,7 +108,7 @@ class BatchPlanner:
         lib = library()
         self._plan = lib.ec_plan_batch
         self._sections = int(lib.ec_plan_sections())
-        self._inline_runs = int(lib.ec_plan_inline_runs())
+        self.inline_runs = int(lib.ec_plan_inline_runs())  # runs the kernel takes as arguments
         self._num_blocks = num_blocks
         self._io = np.zeros(int(lib.ec_plan_io_slots()), dtype=np.int64)
         io = self._io
@@ -171,8 +171,8 @@ class BatchPlanner:
         step = self._capacity * 8
         table = at + _SECTION_TABLE * step
         inline = None
-        if 0 < kernel <= self._inline_runs:
-            n = 3 * self._inline_runs - 1
+        if 0 < kernel <= self.inline_runs:
+            n = 3 * self.inline_runs - 1
             start = _SECTION_TABLE * self._capacity
             inline = tuple(self._workspace[start : start + n].tolist())
         return BatchPlan(

@@ -89,7 +89,6 @@ class CudaEngine:
         lay = region.layout
         if lay.num_blocks >= 1 << 31:
             raise ValueError(f"region {region.name!r} has {lay.num_blocks} blocks; at most 2**31 - 1")
-        self._kernels = kernels
         self._rt = runtime()
         self._device = device
         self._index = device.index
@@ -113,7 +112,6 @@ class CudaEngine:
         except Exception:
             hostmem.release(self._registration)
             raise
-        self._host_address = address
         self._region_words = {w: self._region.view(t) for w, t in _WORD_DTYPES.items() if rb % w == 0}
         self._base_align = rb | self._registration.device_address
         self._launcher = kernels.Launcher(rb, tile_bytes=tile_bytes, num_warps=num_warps)
@@ -126,6 +124,11 @@ class CudaEngine:
             mixed_min_runs=MIXED_MIN_RUNS,
             base_align=self._base_align,
         )
+        if self._planner.inline_runs != kernels.INLINE_RUNS:  # pragma: no cover - a build mismatch
+            raise RegionError(
+                f"batchplan.c passes {self._planner.inline_runs} runs inline but the copy kernel "
+                f"takes {kernels.INLINE_RUNS}; rebuild from one source tree"
+            )
         with torch.cuda.device(device):
             self._save_streams = [torch.cuda.Stream(device) for _ in range(streams)]
             self._load_streams = [torch.cuda.Stream(device) for _ in range(streams)]

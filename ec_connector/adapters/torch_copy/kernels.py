@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from itertools import accumulate
 from typing import Any
 
 import torch
@@ -220,15 +219,6 @@ def copy_runs(
         BLOCK_C=block_c,
         num_warps=num_warps,
     )
-
-
-def inline_runs(
-    starts: list[int], lengths: list[int], offsets: list[int], total_rows: int
-) -> tuple[int, ...]:
-    """The `inline` argument for at most INLINE_RUNS runs (`offsets`: dense word of each run's first row)."""
-    firsts = list(accumulate(lengths[:-1]))
-    pad = INLINE_RUNS - len(starts)
-    return (*firsts, *[total_rows] * pad, *starts, *[0] * pad, *offsets, *[0] * pad)
 
 
 _NO_INLINE = (0,) * len(_INLINE_ARGS)
