@@ -174,53 +174,6 @@ def tile(row_words: int, word: int, tile_bytes: int) -> tuple[int, int]:
     return block_r, block_c
 
 
-def copy_runs(
-    host: object,
-    dense: object,
-    table: object,
-    *,
-    n_runs: int,
-    total_rows: int,
-    row_words: int,
-    inline: tuple[int, ...] | None,
-    save: bool,
-    delta: bool,
-    vec: int,
-    block: tuple[int, int],
-    num_warps: int,
-) -> None:
-    """Launch the batch copy on the current stream (`host`, `dense`: word-typed tensors).
-
-    `inline` = (f1..f15, s0..s15, o0..o15): the first batch row, region block and dense word
-    offset of up to INLINE_RUNS runs (unused runs: f = total_rows); then `table` is not read and
-    `delta` must be False.
-    """
-    if total_rows == 0:
-        return
-    nsteps = (n_runs - 1).bit_length()
-    top = 1 << (nsteps - 1) if nsteps else 0
-    block_r, block_c = block
-    grid = (_cdiv(total_rows, block_r), _cdiv(row_words, block_c))
-    _copy_runs[grid](
-        host,
-        dense,
-        table,
-        n_runs,
-        total_rows,
-        top,
-        nsteps,
-        row_words,
-        *(inline or _NO_INLINE),
-        SAVE=save,
-        DELTA=delta,
-        INLINE=inline is not None,
-        VEC=vec,
-        BLOCK_R=block_r,
-        BLOCK_C=block_c,
-        num_warps=num_warps,
-    )
-
-
 _NO_INLINE = (0,) * len(_INLINE_ARGS)
 
 
