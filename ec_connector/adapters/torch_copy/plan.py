@@ -1,7 +1,7 @@
-"""Validated batches: the flat table of region runs that both engines copy, and batch timings.
+"""Validated batches for the CPU engine (the flat table of region runs it copies), and batch timings.
 
-The table is built with a handful of numpy operations over the whole batch, so its cost barely
-grows with the number of runs: it runs on the engine's step thread for every batch.
+The table is built with a handful of numpy operations over the whole batch. The CUDA engine plans
+its batches in compiled C instead (batchplan.c); both name a bad copy with `raise_for_extents`.
 """
 
 from __future__ import annotations
@@ -34,20 +34,7 @@ class Runs:
     counts: np.ndarray  # runs of each copy
     starts: np.ndarray  # first region block of each run
     lengths: np.ndarray  # blocks of each run
-    firsts: np.ndarray  # batch row where each run begins (runs back to back, batch order)
     total_rows: int
-    one_run_each: bool  # every copy is a single run (then runs and copies share their index)
-
-    def entry_firsts(self) -> np.ndarray:
-        """Batch row where each copy begins."""
-        if self.one_run_each:
-            return self.firsts
-        rows = np.array(self.rows, dtype=np.int64)
-        return np.cumsum(rows) - rows
-
-    def per_run(self, values: np.ndarray) -> np.ndarray:
-        """`values` given per copy, repeated for each of the copy's runs."""
-        return values if self.one_run_each else np.repeat(values, self.counts)
 
 
 def plan_runs(copies: Sequence[PlannedCopy], num_blocks: int) -> Runs:
@@ -61,8 +48,7 @@ def plan_runs(copies: Sequence[PlannedCopy], num_blocks: int) -> Runs:
     starts, lengths = np.frombuffer(b"".join([c.packed for c in copies]), np.int64).reshape(-1, 2).T.copy()
     n = len(lengths)
     ends = np.cumsum(lengths)
-    one_each = n == n_copies  # every copy has at least one run (PlannedCopy), so one each
-    if one_each:
+    if n == n_copies:  # every copy has at least one run (PlannedCopy), so one each
         counts = None
         covered_ok = lengths.tolist() == rows  # one C-level list compare: cheaper than numpy here
     else:
@@ -77,9 +63,7 @@ def plan_runs(copies: Sequence[PlannedCopy], num_blocks: int) -> Runs:
         counts=np.ones(n, np.int64) if counts is None else counts,
         starts=starts,
         lengths=lengths,
-        firsts=ends - lengths,
         total_rows=int(ends[-1]) if n else 0,
-        one_run_each=one_each,
     )
 
 
