@@ -231,3 +231,23 @@ def test_batches_larger_than_the_workspace_grow_it() -> None:
     plan = planner.load(copies, 1 << 20)
     assert plan.kernel == 3000 and plan.kernel_rows == 3000
     assert planner.load(copies[:0], 1 << 20).total_rows == 0
+
+
+def test_the_access_width_rule_is_the_one_each_plan_applies() -> None:
+    """What the engine compiles its kernel variants for ahead of time is what plans pick."""
+    host = Host()
+    planner = host.planner(big_rows=None)
+    assert [planner.access(a) for a in (16, 48, 8, 4, 2, 1, 0, 1 << 20)] == [
+        (8, 2),
+        (8, 2),
+        (8, 1),
+        (4, 1),
+        (2, 1),
+        (1, 1),
+        (8, 2),
+        (8, 2),
+    ]
+    copies = [PlannedCopy(i + 1, f"k{i}", (Extent(3 * i, 1),), 1) for i in range(20)]
+    for dense in (1 << 20, (1 << 20) + 8, (1 << 20) + 2):
+        plan = planner.load(copies, dense)
+        assert (plan.word, plan.vec) == planner.access(ROW | host.address | dense)

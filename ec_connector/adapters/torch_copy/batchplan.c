@@ -20,8 +20,7 @@ enum {
 };
 
 /* the workspace: SECTIONS int64 columns of IN_CAPACITY values each, in this order; the joined runs
- * are kept as records (one run's fields side by side), not columns: columns 16 KiB apart made every
- * read of the previous run wait on the stores of the current one (4 KiB aliasing), ~7 ns a run */
+ * take the last columns as records (one run's fields side by side) */
 typedef struct {
     int64_t start, length, first, at, storage;
 } run_t;
@@ -33,10 +32,6 @@ enum { W_DMA_DST, W_DMA_SRC, W_DMA_SIZE, W_TABLE, W_TABLE2, W_TABLE3, W_RUNS,
 
 enum { OK = 0, BAD_COVER = 1, BAD_BOUNDS = 2, BAD_CAPACITY = 3 };
 
-int64_t ec_plan_sections(void) { return SECTIONS; }
-int64_t ec_plan_io_slots(void) { return IO_SLOTS; }
-int64_t ec_plan_inline_runs(void) { return INLINE_RUNS; }
-
 /* (word bytes, words per 16-byte access, log2 of the word) for addresses and sizes all multiples
  * of `align` */
 static void word_for(int64_t align, int64_t *word, int64_t *vec, int *shift) {
@@ -45,6 +40,17 @@ static void word_for(int64_t align, int64_t *word, int64_t *vec, int *shift) {
     *word = a < 8 ? a : 8;
     *vec = a / *word;
     *shift = *word == 8 ? 3 : *word == 4 ? 2 : *word == 2 ? 1 : 0;
+}
+
+int64_t ec_plan_sections(void) { return SECTIONS; }
+int64_t ec_plan_io_slots(void) { return IO_SLOTS; }
+int64_t ec_plan_inline_runs(void) { return INLINE_RUNS; }
+
+/* the kernel's access for addresses all multiples of `align`: out[0] word bytes, out[1] words per
+ * access (what the engine compiles its kernel variants for ahead of the first batch) */
+void ec_plan_access(int64_t align, int64_t *out) {
+    int shift;
+    word_for(align, &out[0], &out[1], &shift);
 }
 
 /* Plan one batch. `packed`: IN_RUNS (start, length) pairs; `rows`, `counts`: per copy, its rows and

@@ -107,6 +107,8 @@ class BatchPlanner:
     ) -> None:
         lib = library()
         self._plan = lib.ec_plan_batch
+        self._access = lib.ec_plan_access
+        self._access_out = np.zeros(2, dtype=np.int64)
         self._sections = int(lib.ec_plan_sections())
         self.inline_runs = int(lib.ec_plan_inline_runs())  # runs the kernel takes as arguments
         self._num_blocks = num_blocks
@@ -124,6 +126,13 @@ class BatchPlanner:
         self._workspace = np.zeros(0, dtype=np.int64)
         self._workspace_address = 0
         self._grow(1024)
+
+    def access(self, align: int) -> tuple[int, int]:
+        """(word bytes, words per 16-byte access) the kernel uses for addresses all multiples of
+        `align`: the rule each plan applies, for compiling kernel variants ahead of time."""
+        out = self._access_out
+        self._access(align, out.ctypes.data)
+        return int(out[0]), int(out[1])
 
     def save(
         self, copies: Sequence[PlannedCopy], pointers: list[int], offsets: list[int], item_bytes: int
@@ -210,6 +219,8 @@ def library() -> ctypes.CDLL:
             lib = ctypes.PyDLL(str(_build()))  # short pure computation: keeps the GIL
             lib.ec_plan_batch.argtypes = [_vp, _vp, ctypes.c_char_p, _vp, _vp, _vp, _vp]
             lib.ec_plan_batch.restype = ctypes.c_int64
+            lib.ec_plan_access.argtypes = [ctypes.c_int64, _vp]
+            lib.ec_plan_access.restype = None
             for name in ("ec_plan_sections", "ec_plan_io_slots", "ec_plan_inline_runs"):
                 getattr(lib, name).restype = ctypes.c_int64
             _library = lib

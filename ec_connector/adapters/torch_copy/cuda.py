@@ -313,7 +313,7 @@ class CudaEngine:
 
     def _warmup(self) -> None:
         """Compile the variants a 16-byte-aligned batch uses now, not on the engine's first step."""
-        word, vec = _word(self._base_align | 16)
+        word, vec = self._planner.access(self._base_align | 16)
         dense = torch.empty(64, dtype=_WORD_DTYPES[word], device=self._device)
         for save, delta, inline in (
             (True, False, True),
@@ -333,10 +333,3 @@ class CudaEngine:
                 save=save,
                 delta=delta,
             )
-
-
-def _word(align: int) -> tuple[int, int]:
-    """(word bytes, words per 16-byte access) for addresses and sizes all multiples of `align`."""
-    a = min(align & -align, 16) if align else 16
-    word = min(a, 8)
-    return word, a // word
