@@ -34,7 +34,6 @@ from ec_connector.application.producer import ProducerDesk
 from ec_connector.application.stats import PeerStats
 from ec_connector.domain.config import ConnectorConfig, Role, parse_config
 from ec_connector.domain.layout import Layout
-from ec_connector.domain.publish import PeerAddress
 from ec_connector.ports.control import ControlClient, ControlServer
 from ec_connector.ports.copier import Copier
 from ec_connector.ports.peer import PeerTransport
@@ -130,11 +129,6 @@ def _control_server(config: ConnectorConfig, host: str, port: int) -> Iterator[C
         server.close()
 
 
-def _listening_at(server: ControlServer) -> PeerAddress:
-    """What the desk advertises: where the control server listens (its port, if 0 was asked)."""
-    return server.address
-
-
 def _control_client(config: ConnectorConfig) -> Iterator[ControlClient]:
     from ec_connector.adapters.zmq_control import ZmqControlClient
 
@@ -223,7 +217,7 @@ class Container(containers.DeclarativeContainer):
         config=connector_config,
         clock=clock,
         fingerprint=settings.fingerprint,
-        address=providers.Callable(_listening_at, control_server),
+        address=control_server.provided.address,  # where it listens: its port, if 0 was asked
         agent_name=agent_name,
         agent_metadata=providers.Callable(_agent_metadata, peer_transport),
         stats=peer_stats,
