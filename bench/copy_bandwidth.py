@@ -4,12 +4,20 @@ For rows of 2, 7 and 32 KiB (bf16 widths 1024, 3584, 16384), entries of 64 rows,
 placed contiguously, by the project's allocator after random alloc/free churn ("churn"), or as
 random runs of 1-16 blocks ("runs1-16"), and batches of 1 and 32 entries: save and load GB/s
 (device time between the copier's own start/end events), the same bytes through one contiguous
-pinned `cudaMemcpyAsync` measured alternately in the same process, the ratio, and the host time of
+pinned `cudaMemcpyAsync` measured alternately in the same process (queued with the same runtime
+calls as the copier's batches), the ratio, and the host time of
 the `save`/`load` call (what the engine's step thread pays). Every copy's bytes are verified.
 
     python bench/copy_bandwidth.py                 # CUDA if present, else CPU
     python bench/copy_bandwidth.py --quick         # a short run
     python bench/copy_bandwidth.py --alternatives  # also per-run memcpy and UVA index_copy_/index_select
+    python bench/copy_bandwidth.py --gate-us 400   # device time only (see below)
+
+By default a batch's events also enclose the host's enqueue of its copies when the stream is idle
+(the start event fires at once, the copies land as the host submits them), for the copier and the
+memcpy alike. `--gate-us N` first holds the stream with an N µs spin kernel, so both are queued
+before their start event fires and the events time the device's work alone; a call whose host time
+exceeded the gate is counted in the summary (its figure still includes some enqueue time).
 
 On CPU the copier's numbers are wall times of its synchronous copies, beside a contiguous copy_.
 """
@@ -60,6 +68,7 @@ class Row:
     memcpy_h2d_gbs: float
     save_host_us: float
     load_host_us: float
+    over_gate: int = 0  # timed calls whose host time outlasted --gate-us (0 without a gate)
 
     @property
     def save_ratio(self) -> float:
@@ -145,10 +154,34 @@ class Device:
         self.device = torch.device(name)
         self._pinned = torch.empty(0, dtype=torch.uint8)
         self._dev = torch.empty(0, dtype=torch.uint8, device=self.device)
+        self.gate_cycles = 0
         if self.cuda:
+            from ec_connector.adapters.torch_copy.cudart import runtime
+
             self.stream = torch.cuda.Stream(self.device)
             self.e0 = torch.cuda.Event(enable_timing=True)
             self.e1 = torch.cuda.Event(enable_timing=True)
+            self.rt = runtime()
+            self._fence = self.rt.event(timing=False)
+            self._start, self._end = self.rt.event(timing=True), self.rt.event(timing=True)
+
+    def set_gate(self, us: float) -> None:
+        """Calibrate the spin kernel so that `hold` keeps a stream busy for about `us` µs."""
+        if not self.cuda or us <= 0:
+            return
+        probe = 1_000_000
+        with torch.cuda.stream(self.stream):
+            torch.cuda._sleep(probe)  # first launch loads the kernel
+            self.e0.record()
+            torch.cuda._sleep(probe)
+            self.e1.record()
+        self.e1.synchronize()
+        self.gate_cycles = int(probe * us / (self.e0.elapsed_time(self.e1) * 1e3))
+
+    def hold(self) -> None:
+        """Queue the gate on the current stream (nothing without `--gate-us`)."""
+        if self.gate_cycles:
+            torch.cuda._sleep(self.gate_cycles)
 
     def sync(self) -> None:
         if self.cuda:
@@ -168,12 +201,18 @@ class Device:
             t0 = time.perf_counter()
             dst.copy_(src)
             return time.perf_counter() - t0
-        with torch.cuda.stream(self.stream):
-            self.e0.record()
-            dst.copy_(src, non_blocking=True)
-            self.e1.record()
-        self.e1.synchronize()
-        return self.e0.elapsed_time(self.e1) / 1e3
+        # queued as the copier queues a batch, with the same runtime calls: the caller's stream
+        # (held by the gate, if any) is fenced into the copy stream, whose start event then fires
+        # when the fence does; then one cudaMemcpyAsync and the end event
+        rt, stream = self.rt, self.stream.cuda_stream
+        self.hold()
+        rt.record(self._fence, torch.cuda.current_stream(self.device).cuda_stream)
+        rt.wait(stream, self._fence)
+        rt.record(self._start, stream)
+        rt.memcpy(dst.data_ptr(), src.data_ptr(), dst.numel() * dst.element_size(), stream)
+        rt.record(self._end, stream)
+        rt.synchronize(self._end)
+        return rt.elapsed(self._start, self._end)
 
 
 def random_rows(rows: int, width: int, device: torch.device, gen: torch.Generator) -> torch.Tensor:
@@ -193,6 +232,7 @@ class Bench:
         self.args = args
         self.progress = progress or (lambda _line: None)
         self.dev = Device(args.device)
+        self.dev.set_gate(args.gate_us)
         self.tickets = itertools.count(1)
         self.rows: list[Row] = []
         self.alternatives: list[dict[str, object]] = []
@@ -264,12 +304,14 @@ class Bench:
         ).to(dev.device)
         pinned, devbuf = dev.buffers(nbytes)
         save_s, load_s, d2h_s, h2d_s, save_host, load_host = [], [], [], [], [], []
+        over_gate = 0
         for rep in range(reps + 1):  # the first round warms up and is not counted
             which = rep % 2
             d2h = dev.memcpy(pinned, devbuf)
             copies = [PlannedCopy(next(self.tickets), f"e{i}", ext, rows) for i, ext in enumerate(placement)]
             jobs = [SaveJob(c, p) for c, p in zip(copies, sets[which], strict=True)]
             dev.sync()
+            dev.hold()
             t0 = time.perf_counter()
             copier.save(jobs)
             t_save = time.perf_counter() - t0
@@ -279,6 +321,7 @@ class Bench:
             h2d = dev.memcpy(devbuf, pinned)
             loads = [PlannedCopy(next(self.tickets), f"e{i}", ext, rows) for i, ext in enumerate(placement)]
             dev.sync()
+            dev.hold()
             t0 = time.perf_counter()
             out = copier.load(loads)
             t_load = time.perf_counter() - t0
@@ -293,6 +336,8 @@ class Bench:
                 h2d_s.append(h2d)
                 save_host.append(t_save)
                 load_host.append(t_load)
+                if dev.gate_cycles:
+                    over_gate += sum(t * 1e6 > self.args.gate_us for t in (t_save, t_load))
         med = statistics.median
         row = Row(
             width=width,
@@ -308,6 +353,7 @@ class Bench:
             memcpy_h2d_gbs=nbytes / med(h2d_s) / 1e9,
             save_host_us=med(save_host) * 1e6,
             load_host_us=med(load_host) * 1e6,
+            over_gate=over_gate,
         )
         self.rows.append(row)
         print(format_row(row), flush=True)
@@ -444,6 +490,12 @@ def summary(rows: list[Row]) -> list[str]:
         f"64-row entries, worst ratio: {worst(lambda r: r.entry == '64rows')}  (target >= 0.70x)",
         f"64-row entries, batch 32, worst ratio: {worst(lambda r: r.entry == '64rows' and r.batch == 32)}",
     ]
+    over = [r for r in rows if r.over_gate]
+    if over:
+        lines.append(
+            f"host time outlasted the gate in {sum(r.over_gate for r in over)} timed calls of "
+            f"{len(over)} rows (their figures include some host enqueue time)"
+        )
     b32 = [r for r in rows if r.batch == 32]
     for layout in LAYOUTS:
         sel = [r for r in b32 if r.layout == layout]
@@ -479,6 +531,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--alternatives", action="store_true", help="also time per-run memcpy and UVA index ops"
     )
+    parser.add_argument(
+        "--gate-us",
+        type=float,
+        default=0.0,
+        help="hold the stream this long before each timed copy so events time device work only (CUDA)",
+    )
     parser.add_argument("--json", type=Path, default=None, help="write every number here")
     args = parser.parse_args(argv)
     args.entries = tuple(args.entries or (("64rows", "1MiB") if args.quick else ENTRIES))
@@ -500,7 +558,7 @@ def run(args: argparse.Namespace, progress: Callable[[str], None] | None = None)
     print(f"# device {dev.device}" + (f" ({torch.cuda.get_device_name(dev.device)})" if dev.cuda else ""))
     print(
         f"# torch {torch.__version__}, tile_bytes {args.tile_bytes}, num_warps {args.num_warps}, "
-        f"dma_min_bytes {args.dma_min_bytes}, reps {args.reps}"
+        f"dma_min_bytes {args.dma_min_bytes}, reps {args.reps}, gate {args.gate_us:g} us"
     )
     if dev.cuda:
         import triton
