@@ -17,7 +17,10 @@ By default a batch's events also enclose the host's enqueue of its copies when t
 (the start event fires at once, the copies land as the host submits them), for the copier and the
 memcpy alike. `--gate-us N` first holds the stream with an N µs spin kernel, so both are queued
 before their start event fires and the events time the device's work alone; a call whose host time
-exceeded the gate is counted in the summary (its figure still includes some enqueue time).
+exceeded the gate is counted in the summary (its figure still includes some enqueue time). Caveat
+(docs/benchmarks.md, session 7): gated, the memcpy of a batch-1 copy of 2 MiB or less read 8-33%
+slower than the copier's own single copy of the same bytes, so read those copier rows against the
+`contiguous` ones of the same run.
 
 On CPU the copier's numbers are wall times of its synchronous copies, beside a contiguous copy_.
 """
