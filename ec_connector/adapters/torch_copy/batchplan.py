@@ -244,9 +244,8 @@ def _cache_dir() -> Path:
     directory of this user's own under the temporary directory. A library is loaded only from a
     directory this user owns and no one else can write to."""
     named = os.environ.get("EC_CONNECTOR_CACHE")
-    candidates = [Path(named)] if named else [Path.home() / ".cache" / "ec_connector"]
-    if not named:
-        candidates.append(Path(tempfile.gettempdir()) / f"ec_connector-{os.getuid()}")
+    own = Path(tempfile.gettempdir()) / f"ec_connector-{os.getuid()}"
+    candidates = [Path(named)] if named else [Path.home() / ".cache" / "ec_connector", own]
     problems = []
     for folder in candidates:
         try:
