@@ -25,7 +25,7 @@ pytestmark = pytest.mark.skipif(batchplan.compiler() is None, reason="needs a C 
 
 NUM_BLOCKS = 512
 ROW = 48  # bytes per block: words of 8 and 16-byte accesses both occur
-FEW, MIXED = 4, 16
+FEW, MIXED, FEW_SAVE = 4, 16, 8
 
 
 class Host:
@@ -43,6 +43,7 @@ class Host:
             host_address=self.address,
             big_rows=big_rows,
             few_runs=FEW,
+            few_runs_save=FEW_SAVE,
             mixed_min_runs=MIXED,
             base_align=ROW | self.address,
         )
@@ -193,6 +194,21 @@ def test_touching_runs_join_and_the_split_follows_the_copy_engine_rules() -> Non
     # seventeen short runs: the staged table, whose delta column is zero for a load
     plan = planner.load([PlannedCopy(i + 1, f"k{i}", (Extent(2 * i, 1),), 1) for i in range(17)], dense)
     assert plan.inline is None and plan.kernel == 17 and not plan.delta
+
+
+def test_saves_send_more_runs_wholly_to_the_copy_engines_than_loads() -> None:
+    host = Host()
+    planner = host.planner(big_rows=8)
+    copies = [PlannedCopy(i + 1, f"s{i}", (Extent(3 * i, 1),), 1) for i in range(FEW_SAVE)]
+    payload = np.zeros(FEW_SAVE * ROW, dtype=np.uint8)
+    pointers = [payload.ctypes.data + i * ROW for i in range(FEW_SAVE)]
+    plan = planner.save(copies, pointers, [i * ROW for i in range(FEW_SAVE)], 1)
+    assert (plan.dma, plan.kernel) == (FEW_SAVE, 0)
+    assert (planner.load(copies, 1 << 20).dma, planner.load(copies, 1 << 20).kernel) == (0, FEW_SAVE)
+    more = [*copies, PlannedCopy(99, "s-last", (Extent(3 * FEW_SAVE, 1),), 1)]
+    pointers.append(payload.ctypes.data)  # never written: the plan only reads the addresses
+    plan = planner.save(more, pointers, [*range(0, FEW_SAVE * ROW, ROW), 0], 1)
+    assert (plan.dma, plan.kernel) == (0, FEW_SAVE + 1)
 
 
 def test_separate_payloads_are_not_joined_even_when_their_bytes_touch() -> None:

@@ -73,7 +73,6 @@ int64_t ec_plan_batch(int64_t *restrict io, int64_t *restrict ws, const int64_t 
 
     /* 1. validate every copy, and join each run into the one before it where both the region
      *    blocks and the dense bytes continue it (saves: only within one payload's storage) */
-    const int join = n_runs > io[IN_FEW_RUNS];
     int64_t n = 0, total = 0, r = 0, last_copy = -1;
     int64_t end = -1, dense_end = -1; /* where the last joined run ends: region block, dense byte */
     for (int64_t c = 0; c < n_copies; c++) {
@@ -92,7 +91,7 @@ int64_t ec_plan_batch(int64_t *restrict io, int64_t *restrict ws, const int64_t 
                 return BAD_BOUNDS;
             }
             const int64_t a = dense0 + covered * rb;
-            if (join && s == end && a == dense_end && (last_copy == c || run[n - 1].storage == storage)) {
+            if (s == end && a == dense_end && (last_copy == c || run[n - 1].storage == storage)) {
                 run[n - 1].length += len;
             } else {
                 run[n] = (run_t){s, len, total + covered, a, storage};

@@ -91,7 +91,8 @@ class BatchPlanner:
 
     `big_rows`: runs of at least this many rows go to the copy engines (None: none do);
     `few_runs`/`mixed_min_runs`: batches of at most that many runs (or, with a long run, that many)
-    go wholly to the copy engines; `base_align`: OR of the row size and the region's device address.
+    go wholly to the copy engines (`few_runs_save`, if given, in place of `few_runs` for saves);
+    `base_align`: OR of the row size and the region's device address.
     """
 
     def __init__(
@@ -104,6 +105,7 @@ class BatchPlanner:
         few_runs: int,
         mixed_min_runs: int,
         base_align: int,
+        few_runs_save: int | None = None,
     ) -> None:
         lib = library()
         self._plan = lib.ec_plan_batch
@@ -118,7 +120,8 @@ class BatchPlanner:
         io[IN_ROW_BYTES] = row_bytes
         io[IN_HOST] = host_address
         io[IN_BIG_ROWS] = -1 if big_rows is None else big_rows
-        io[IN_FEW_RUNS] = few_runs
+        self._few_runs_load = few_runs
+        self._few_runs_save = few_runs if few_runs_save is None else few_runs_save
         io[IN_MIXED_MIN_RUNS] = mixed_min_runs
         io[IN_BASE_ALIGN] = base_align
         self._io_address = io.ctypes.data
@@ -141,6 +144,7 @@ class BatchPlanner:
         `item_bytes` into its storage) into copy i's extents. LayoutMismatch names a bad copy."""
         io = self._io
         io[IN_SAVE] = 1
+        io[IN_FEW_RUNS] = self._few_runs_save
         io[IN_ITEM_BYTES] = item_bytes
         return self._run(copies, array("q", pointers), array("q", offsets))
 
@@ -148,6 +152,7 @@ class BatchPlanner:
         """Plan copying each copy's extents to rows back to back from address `dense`."""
         io = self._io
         io[IN_SAVE] = 0
+        io[IN_FEW_RUNS] = self._few_runs_load
         io[IN_DENSE] = dense
         return self._run(copies, None, None)
 
