@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 
@@ -63,6 +63,7 @@ class TorchCopier:
             )
         else:
             raise ValueError(f"TorchCopier device {device!r} is not supported; use 'cpu' or 'cuda[:N]'")
+        self._fits = self._fitting()
 
     @property
     def layout(self) -> Layout:
@@ -73,15 +74,22 @@ class TorchCopier:
         if not self._fits(payload, rows):
             self._mismatch(payload, rows)
 
-    def _fits(self, p: object, rows: int) -> bool:
-        # one cheap expression for the common case (get_device: -1 on CPU, the index on CUDA)
-        return (
-            type(p) is torch.Tensor
-            and p.dtype is self._dtype
-            and p.shape == (rows, self._layout.hidden_dim)
-            and p.get_device() == self._device_index
-            and (p.is_cuda if self._device_index >= 0 else p.is_cpu)  # get_device is -1 on meta too
-        )
+    def _fitting(self) -> Callable[[object, int], bool]:
+        """The common case's check as one expression over closed-over constants (no attribute
+        lookups per payload: a fifth of a batch's checks); get_device is -1 on CPU, the index on CUDA."""
+        tensor, dtype, width, index = torch.Tensor, self._dtype, self._layout.hidden_dim, self._device_index
+        cuda = index >= 0
+
+        def fits(p: object, rows: int) -> bool:
+            return (
+                type(p) is tensor
+                and p.dtype is dtype  # type: ignore[attr-defined]
+                and p.shape == (rows, width)  # type: ignore[attr-defined]
+                and p.get_device() == index  # type: ignore[attr-defined]
+                and (p.is_cuda if cuda else p.is_cpu)  # type: ignore[attr-defined]  # -1 on meta too
+            )
+
+        return fits
 
     def _mismatch(self, payload: object, rows: int) -> None:
         """Raise the LayoutMismatch that names what is wrong with `payload` (if anything is)."""
@@ -117,7 +125,7 @@ class TorchCopier:
         """
         self._open()
         copies = [job.copy for job in jobs]
-        sources = [job.payload for job in jobs]
+        sources: list[torch.Tensor] = [job.payload for job in jobs]  # type: ignore[misc]  # checked next
         fits = self._fits
         for i, (p, copy) in enumerate(zip(sources, copies, strict=True)):
             if not fits(p, copy.rows):
@@ -125,7 +133,7 @@ class TorchCopier:
             if not p.is_contiguous():
                 sources[i] = p.contiguous()
         if jobs:  # the engine plans the batch first: LayoutMismatch before anything is queued
-            self._engine.save(copies, sources)  # type: ignore[arg-type]
+            self._engine.save(copies, sources)
 
     def load(self, copies: Sequence[PlannedCopy]) -> list[object]:
         """Start copying each entry into a new tensor on the device; non-blocking.

@@ -221,7 +221,7 @@ class Launcher:
         # pointers as plain ints: the launcher takes them as they are, without calling data_ptr()
         launch_args = (host.data_ptr(), dense.data_ptr(), table.data_ptr(), *args[3:])
         # plain integer division: triton.cdiv is a JIT function, several µs per call from Python
-        g0, g1 = _cdiv(total_rows, args[-2]), _cdiv(args[7], args[-1])
+        g0, g1 = _cdiv(total_rows, args[-2]), _cdiv(args[7], args[-1])  # type: ignore[arg-type]
         hooks = knobs.runtime
 
         def fire(stream: int) -> None:
