@@ -33,6 +33,7 @@ test: $(STAMP) vllm-env
 lint: $(STAMP)
 	$(BIN)/ruff check ec_connector tests bench
 	$(BIN)/lint-imports
+	$(BIN)/python -m mypy
 
 clean:
 	rm -rf $(VENV) .venv-vllm .pytest_cache .hypothesis build *.egg-info

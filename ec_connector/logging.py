@@ -148,14 +148,16 @@ class _Line:
     logged (context merged, timestamp taken, exception formatted); only the text is made later."""
 
     __slots__ = ("_event", "_render", "_text")
+    _text: str | None
 
     def __init__(self, render: Callable[..., str], event: MutableMapping[str, Any]) -> None:
         self._render, self._event, self._text = render, event, None
 
     def __str__(self) -> str:
-        if self._text is None:
-            self._text = self._render(None, "", self._event)
-        return self._text
+        text = self._text
+        if text is None:
+            text = self._text = self._render(None, "", self._event)
+        return text
 
 
 class _RenderWhenWritten:
@@ -176,7 +178,9 @@ def configure_logging(*, json: bool = False, level: int | str = logging.INFO) ->
         raise ValueError(f"log level {level!r} is not a logging level name")
     if _configured == (json, numeric):
         return
-    renderer = structlog.processors.JSONRenderer(sort_keys=True) if json else LogfmtLine()
+    renderer: Callable[..., str] = (
+        structlog.processors.JSONRenderer(sort_keys=True) if json else LogfmtLine()  # type: ignore[assignment]
+    )
     structlog.configure(
         processors=[
             structlog.stdlib.filter_by_level,  # first: a dropped line costs nothing more

@@ -17,6 +17,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Mapping, MutableMapping
+from typing import Any
 
 import structlog
 
@@ -71,7 +72,7 @@ class TierWorker:
         self._plan = plan
         self._saves = {c.key: c for c in plan.saves} if self._writes else {}
 
-    def start_loads(self, cache: MutableMapping[str, object]) -> None:
+    def start_loads(self, cache: MutableMapping[str, Any]) -> None:
         """Start every planned reload; put each new buffer into `cache` under its key."""
         loads = self._plan.loads
         if not loads or not self._role.loads:

@@ -376,14 +376,14 @@ class EntryTable:
         victims, skipped = [], []
         while needed > 0:
             item = heapq.heappop(fifo)
-            entry = evictable.get(item[1])
-            if entry is None or entry.order != item[0] or entry in victims:
+            candidate = evictable.get(item[1])
+            if candidate is None or candidate.order != item[0] or candidate in victims:
                 continue  # stale: no longer evictable (or listed twice)
             if item[1] in protect:
                 skipped.append(item)
                 continue
-            victims.append(entry)
-            needed -= entry.rows
+            victims.append(candidate)
+            needed -= candidate.rows
         for item in skipped:
             heapq.heappush(fifo, item)
         return victims

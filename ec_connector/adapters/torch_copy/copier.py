@@ -22,9 +22,10 @@ class TorchCopier:
 
     `device` is "cpu" or a CUDA device. Payloads must be on that device; non-contiguous payloads are
     copied to a contiguous tensor first. CUDA options (ignored on CPU): `streams` per direction;
-    runs of at least `dma_min_bytes`, and every run of a batch of at most four runs (or of at most
-    sixteen with a long one), go to the copy engines (None: none do); the other runs to the copy
-    kernel, whose tiles `tile_bytes` and `num_warps` size, alongside. Close the copier before its
+    runs of at least `dma_min_bytes`, and every run of a load of at most four runs, of a save of at
+    most sixteen, or of a batch of at most sixteen with a long one, go to the copy engines (None:
+    none do); the other runs to the copy kernel, whose tiles `tile_bytes` and `num_warps` size,
+    alongside. Close the copier before its
     region: it holds a view of the region's memory (and, on CUDA, a registration) until `close()`.
     """
 
@@ -76,7 +77,7 @@ class TorchCopier:
 
     def _fitting(self) -> Callable[[object, int], bool]:
         """The common case's check as one expression over closed-over constants (no attribute
-        lookups per payload: a fifth of a batch's checks); get_device is -1 on CPU, the index on CUDA."""
+        lookups per payload: a fifth of the checks' time); get_device is -1 on CPU, the index on CUDA."""
         tensor, dtype, width, index = torch.Tensor, self._dtype, self._layout.hidden_dim, self._device_index
         cuda = index >= 0
 

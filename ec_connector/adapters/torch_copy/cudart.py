@@ -32,6 +32,12 @@ _SRC_ACCESS_ORDER_STREAM = 0x1
 # same batches timed 1-15% less with it in a raw probe, and the copier's ratios to memcpy rose
 # 1-3% (geometric mean over 48 cases, two A/B rounds; docs/benchmarks.md, session 8).
 _PREFER_OVERLAP_WITH_COMPUTE = 0x1
+# Copies per cudaMemcpyBatchAsync call; longer batches are cut into calls of at most this many, in
+# order. Driver 580.159 (CUDA 13, H200) segfaulted inside one call of ~8,700 short host-to-device
+# copies out of a registered region (32 x 8 MiB of 2 KiB rows, runs of 8-16 rows to the copy
+# engines), with or without the hint above; cut into calls of 256 the same batch ran and its bytes
+# checked out. 32,000 small copies out of torch-pinned memory in one call did not crash.
+BATCH_MAX = 256
 
 _vp, _sz, _uint, _int = ctypes.c_void_p, ctypes.c_size_t, ctypes.c_uint, ctypes.c_int
 
@@ -193,10 +199,13 @@ class CudaRuntime:
             for d, s, n in zip(*columns, strict=True):
                 self.memcpy(d, s, n, stream)
             return
-        args = [dsts, srcs, sizes, count, self._attrs_address, self._attr_index_address, 1]
+        tail = [self._attrs_address, self._attr_index_address, 1]
         if self._batch_has_fail_index:
-            args.append(self._fail_index_address)
-        self.check(self._batch(*args, stream), "cudaMemcpyBatchAsync")
+            tail.append(self._fail_index_address)
+        for first in range(0, count, BATCH_MAX):  # in stream order, chunk after chunk
+            n, at = min(BATCH_MAX, count - first), 8 * first
+            err = self._batch(dsts + at, srcs + at, sizes + at, n, *tail, stream)
+            self.check(err, "cudaMemcpyBatchAsync")
 
 
 def _address(values: np.ndarray) -> int:

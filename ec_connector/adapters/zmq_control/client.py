@@ -162,7 +162,7 @@ class ZmqControlClient:
 
     def _receive(self, peer: _Peer, out: list[Reply]) -> None:
         for _ in range(self._hwm):  # bounded: a flooding peer cannot hold the scheduler thread
-            if not peer.sock.getsockopt(_EVENTS) & _POLLIN:
+            if not peer.sock.getsockopt(_EVENTS) & _POLLIN:  # type: ignore[operator]  # an int option
                 return  # asked first: cheaper than a recv that raises Again, on every poll
             parts = peer.sock.recv_multipart(zmq.NOBLOCK)
             try:
@@ -180,7 +180,7 @@ class ZmqControlClient:
 
     def _watch(self, peer: _Peer, now: float) -> str | None:
         """Why the peer is lost, reading its monitor's news; None while it is (or may get) up."""
-        while peer.monitor.getsockopt(_EVENTS) & _POLLIN:
+        while peer.monitor.getsockopt(_EVENTS) & _POLLIN:  # type: ignore[operator]  # an int option
             event = recv_monitor_message(peer.monitor, zmq.NOBLOCK)["event"]
             if event == zmq.EVENT_HANDSHAKE_SUCCEEDED:
                 peer.up = True
