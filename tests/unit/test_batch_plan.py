@@ -204,7 +204,8 @@ def test_saves_send_more_runs_wholly_to_the_copy_engines_than_loads() -> None:
     pointers = [payload.ctypes.data + i * ROW for i in range(FEW_SAVE)]
     plan = planner.save(copies, pointers, [i * ROW for i in range(FEW_SAVE)], 1)
     assert (plan.dma, plan.kernel) == (FEW_SAVE, 0)
-    assert (planner.load(copies, 1 << 20).dma, planner.load(copies, 1 << 20).kernel) == (0, FEW_SAVE)
+    load = planner.load(copies, 1 << 20)
+    assert (load.dma, load.kernel) == (0, FEW_SAVE)
     more = [*copies, PlannedCopy(99, "s-last", (Extent(3 * FEW_SAVE, 1),), 1)]
     pointers.append(payload.ctypes.data)  # never written: the plan only reads the addresses
     plan = planner.save(more, pointers, [*range(0, FEW_SAVE * ROW, ROW), 0], 1)

@@ -25,8 +25,8 @@ class TorchCopier:
     runs of at least `dma_min_bytes`, and every run of a load of at most four runs, of a save of at
     most sixteen, or of a batch of at most sixteen with a long one, go to the copy engines (None:
     none do); the other runs to the copy kernel, whose tiles `tile_bytes` and `num_warps` size,
-    alongside. Close the copier before its
-    region: it holds a view of the region's memory (and, on CUDA, a registration) until `close()`.
+    alongside. Close the copier before its region: it holds a view of the region's memory (and, on
+    CUDA, a registration) until `close()`.
     """
 
     def __init__(
