@@ -18,6 +18,7 @@ import torch
 
 from ec_connector.adapters.memory import MemoryRegion
 from ec_connector.adapters.torch_copy import TorchCopier
+from ec_connector.adapters.torch_copy.cudart import BATCH_MAX
 from ec_connector.domain.blocks import Extent
 from ec_connector.domain.errors import LayoutMismatch, RegionError
 from ec_connector.domain.layout import Layout
@@ -322,6 +323,38 @@ def test_a_large_scattered_batch_round_trips() -> None:
             assert region_bytes(region, ext) == as_bytes(src)
         out = copier.load([planned(ext) for ext in reversed(entries)])
         assert [as_bytes(o) for o in out] == [as_bytes(s) for s in reversed(sources)]
+        drain(copier)
+    finally:
+        copier.close()
+        region.close()
+
+
+@CUDA
+@pytest.mark.parametrize("dma_min_rows", [1, 2], ids=["dma-only", "split"])
+def test_more_copy_engine_runs_than_one_driver_call_takes_round_trip(dma_min_rows: int) -> None:
+    """Thousands of short copy-engine runs in one batch: cut into driver calls of BATCH_MAX (one
+    call of ~8,700 crashed driver 580.159), in order, beside the kernel's runs when split."""
+    layout = Layout(hidden_dim=1024, dtype="bfloat16", num_blocks=16384)  # 2 KiB rows, 32 MiB
+    region = MemoryRegion(layout, name="many-runs")
+    copier = TorchCopier(region, device="cuda", dma_min_bytes=dma_min_rows * layout.block_size_bytes)
+    try:
+        rng = random.Random(dma_min_rows)
+        starts = list(range(0, layout.num_blocks, 3))  # runs of 1-2 rows never touch
+        rng.shuffle(starts)
+        entries = [
+            tuple(Extent(starts.pop(), rng.randint(1, 2)) for _ in range(rng.randint(100, 150)))
+            for _ in range(32)
+        ]
+        assert sum(map(len, entries)) > 12 * BATCH_MAX
+        sources = [
+            payload(sum(e.length for e in ext), layout, "cuda", seed=i) for i, ext in enumerate(entries)
+        ]
+        copier.save([SaveJob(planned(ext), src) for ext, src in zip(entries, sources, strict=True)])
+        drain(copier)
+        for ext, src in zip(entries, sources, strict=True):
+            assert region_bytes(region, ext) == as_bytes(src)
+        out = copier.load([planned(ext) for ext in entries])
+        assert [as_bytes(o) for o in out] == [as_bytes(s) for s in sources]
         drain(copier)
     finally:
         copier.close()
