@@ -74,6 +74,22 @@ def drain(copier: TorchCopier, timeout_s: float = 20.0) -> list[int]:
     return seen
 
 
+def round_trip(
+    copier: TorchCopier, region: MemoryRegion, entries: list[tuple[Extent, ...]], device: str
+) -> None:
+    """Save one payload per entry in one batch, check the region's bytes, load them all back in one
+    batch and compare."""
+    layout = region.layout
+    sources = [payload(sum(e.length for e in ext), layout, device, seed=i) for i, ext in enumerate(entries)]
+    copier.save([SaveJob(planned(ext), src) for ext, src in zip(entries, sources, strict=True)])
+    drain(copier)
+    for ext, src in zip(entries, sources, strict=True):
+        assert region_bytes(region, ext) == as_bytes(src)
+    out = copier.load([planned(ext) for ext in entries])
+    assert [as_bytes(o) for o in out] == [as_bytes(s) for s in sources]
+    drain(copier)
+
+
 def scattered(rows: int, *, num_blocks: int, seed: int) -> tuple[Extent, ...]:
     rng = random.Random(seed)
     starts = sorted(rng.sample(range(0, num_blocks, 2), rows))  # every other block: runs of 1
@@ -143,15 +159,7 @@ def test_other_dtypes_and_widths_round_trip(layout: Layout, device: str) -> None
             tuple(Extent(e.start + i * (layout.num_blocks // 3), e.length) for e in ext)
             for i, ext in enumerate(entries)
         ]
-        sources = [
-            payload(sum(e.length for e in ext), layout, device, seed=i) for i, ext in enumerate(entries)
-        ]
-        copier.save([SaveJob(planned(ext), src) for ext, src in zip(entries, sources, strict=True)])
-        drain(copier)
-        for ext, src in zip(entries, sources, strict=True):
-            assert region_bytes(region, ext) == as_bytes(src)
-        out = copier.load([planned(ext) for ext in entries])
-        assert [as_bytes(o) for o in out] == [as_bytes(s) for s in sources]
+        round_trip(copier, region, entries, device)
     finally:
         copier.close()
         region.close()
@@ -346,16 +354,7 @@ def test_more_copy_engine_runs_than_one_driver_call_takes_round_trip(dma_min_row
             for _ in range(32)
         ]
         assert sum(map(len, entries)) > 12 * BATCH_MAX
-        sources = [
-            payload(sum(e.length for e in ext), layout, "cuda", seed=i) for i, ext in enumerate(entries)
-        ]
-        copier.save([SaveJob(planned(ext), src) for ext, src in zip(entries, sources, strict=True)])
-        drain(copier)
-        for ext, src in zip(entries, sources, strict=True):
-            assert region_bytes(region, ext) == as_bytes(src)
-        out = copier.load([planned(ext) for ext in entries])
-        assert [as_bytes(o) for o in out] == [as_bytes(s) for s in sources]
-        drain(copier)
+        round_trip(copier, region, entries, "cuda")
     finally:
         copier.close()
         region.close()
