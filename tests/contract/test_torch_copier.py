@@ -74,13 +74,15 @@ def drain(copier: TorchCopier, timeout_s: float = 20.0) -> list[int]:
     return seen
 
 
+def payloads(entries: list[tuple[Extent, ...]], layout: Layout, device: str) -> list[torch.Tensor]:
+    return [payload(sum(e.length for e in ext), layout, device, seed=i) for i, ext in enumerate(entries)]
+
+
 def round_trip(
-    copier: TorchCopier, region: MemoryRegion, entries: list[tuple[Extent, ...]], device: str
+    copier: TorchCopier, region: MemoryRegion, entries: list[tuple[Extent, ...]], sources: list[torch.Tensor]
 ) -> None:
-    """Save one payload per entry in one batch, check the region's bytes, load them all back in one
-    batch and compare."""
-    layout = region.layout
-    sources = [payload(sum(e.length for e in ext), layout, device, seed=i) for i, ext in enumerate(entries)]
+    """Save `sources[i]` into `entries[i]` in one batch, check the region's bytes, load them all back
+    in one batch and compare."""
     copier.save([SaveJob(planned(ext), src) for ext, src in zip(entries, sources, strict=True)])
     drain(copier)
     for ext, src in zip(entries, sources, strict=True):
@@ -159,7 +161,7 @@ def test_other_dtypes_and_widths_round_trip(layout: Layout, device: str) -> None
             tuple(Extent(e.start + i * (layout.num_blocks // 3), e.length) for e in ext)
             for i, ext in enumerate(entries)
         ]
-        round_trip(copier, region, entries, device)
+        round_trip(copier, region, entries, payloads(entries, layout, device))
     finally:
         copier.close()
         region.close()
@@ -354,7 +356,7 @@ def test_more_copy_engine_runs_than_one_driver_call_takes_round_trip(dma_min_row
             for _ in range(32)
         ]
         assert sum(map(len, entries)) > 12 * BATCH_MAX
-        round_trip(copier, region, entries, "cuda")
+        round_trip(copier, region, entries, payloads(entries, layout, "cuda"))
     finally:
         copier.close()
         region.close()
@@ -384,16 +386,8 @@ def test_runs_split_between_copy_engines_and_kernel_round_trip(
             rows = sum(e.length for e in ext)
             sources.append(flat[pos : pos + rows * LAYOUT.hidden_dim].view(rows, LAYOUT.hidden_dim))
             pos += rows * LAYOUT.hidden_dim + 8
-        aligned = [
-            payload(sum(e.length for e in ext), LAYOUT, "cuda", seed=i) for i, ext in enumerate(entries)
-        ]
-        for batch in (sources, aligned):
-            copier.save([SaveJob(planned(ext), src) for ext, src in zip(entries, batch, strict=True)])
-            drain(copier)
-            for ext, src in zip(entries, batch, strict=True):
-                assert region_bytes(region, ext) == as_bytes(src)
-            out = copier.load([planned(ext) for ext in entries])
-            assert [as_bytes(o) for o in out] == [as_bytes(s) for s in batch]
+        for batch in (sources, payloads(entries, LAYOUT, "cuda")):
+            round_trip(copier, region, entries, batch)
             [single] = copier.load([planned(entries[0])])
             assert as_bytes(single) == as_bytes(batch[0])
             drain(copier)
