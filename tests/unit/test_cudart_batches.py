@@ -48,5 +48,5 @@ def test_every_copy_reaches_the_driver_once_in_order_in_calls_of_at_most_batch_m
     rt.memcpy_many(dsts, srcs, sizes, 77)
     assert len(calls) == -(-count // BATCH_MAX)
     assert all(len(d) <= BATCH_MAX and stream == 77 for d, _, _, stream in calls)
-    for column, want in zip(range(3), (dsts, srcs, sizes), strict=True):
+    for column, want in enumerate((dsts, srcs, sizes)):
         assert sum((call[column] for call in calls), []) == want.tolist()
