@@ -1,8 +1,10 @@
 """Copy bandwidth of `TorchCopier` beside a contiguous pinned memcpy of the same bytes, in one run.
 
 For rows of 2, 7 and 32 KiB (bf16 widths 1024, 3584, 16384), entries of 64 rows, 1, 8 and 16 MiB,
-placed contiguously, by the project's allocator after random alloc/free churn ("churn"), or as
-random runs of 1-16 blocks ("runs1-16"), and batches of 1 and 32 entries: save and load GB/s
+placed contiguously, by the project's allocator after random alloc/free churn ("churn"), by the
+tier's entry table after aging full with 5% of its frees out of order and its run floor on ("aged",
+`bench/aging.py`), or as random runs of 1-16 blocks, the placement a full table without a run floor
+drifts towards ("runs1-16"), and batches of 1 and 32 entries: save and load GB/s
 (device time between the copier's own start/end events), the same bytes through one contiguous
 pinned `cudaMemcpyAsync` measured alternately in the same process (queued with the same runtime
 calls as the copier's batches), the ratio, and the host time of
@@ -42,6 +44,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench.aging import FLOOR_BYTES, AgedTable  # noqa: E402
 from ec_connector.adapters.memory import MemoryRegion  # noqa: E402
 from ec_connector.adapters.torch_copy import TorchCopier  # noqa: E402
 from ec_connector.adapters.torch_copy.copier import DMA_MIN_BYTES  # noqa: E402
@@ -52,7 +55,7 @@ from ec_connector.domain.transfers import PlannedCopy, SaveJob  # noqa: E402
 MiB = 1 << 20
 WIDTHS = (1024, 3584, 16384)
 ENTRIES = ("64rows", "1MiB", "8MiB", "16MiB")
-LAYOUTS = ("contiguous", "churn", "runs1-16")
+LAYOUTS = ("contiguous", "churn", "aged", "runs1-16")
 BATCHES = (1, 32)
 
 
@@ -139,6 +142,16 @@ def scattered(num_blocks: int, rows: int, count: int, rng: random.Random) -> lis
             need -= n
         out.append(tuple(ext))
     return out
+
+
+def aged(
+    num_blocks: int, rows: int, count: int, rng: random.Random, *, min_run: int
+) -> list[tuple[Extent, ...]]:
+    """The tier's own table, full, aged by FIFO eviction with 5% of entries dropped out of order
+    (`bench/aging.py`), then the batch reserved through it with the product's run floor."""
+    table = AgedTable(num_blocks, min_run, 0.05, rng)
+    table.age(20 * num_blocks // rows, sizes=lambda r: r.randint(max(1, rows // 4), 2 * rows))
+    return [table.put(rows) for _ in range(count)]
 
 
 PLACE: dict[str, Callable[[int, int, int, random.Random], list[tuple[Extent, ...]]]] = {
@@ -273,7 +286,10 @@ class Bench:
         try:
             for entry, layout, batch in itertools.product(entries, layouts, args.batches):
                 rows = entry_rows(entry, row_bytes)
-                placement = PLACE[layout](num_blocks, rows, batch, rng)
+                if layout == "aged":
+                    placement = aged(num_blocks, rows, batch, rng, min_run=-(-FLOOR_BYTES // row_bytes))
+                else:
+                    placement = PLACE[layout](num_blocks, rows, batch, rng)
                 self.measure(copier, check_rows, host_rows, width, entry, layout, rows, placement, gen)
                 self.progress(f"{row_bytes // 1024} KiB rows, {entry}, {layout}, batch {batch}")
         finally:
@@ -486,10 +502,13 @@ def summary(rows: list[Row]) -> list[str]:
         return f"save {min(r.save_ratio for r in chosen):.2f}x, load {min(r.load_ratio for r in chosen):.2f}x"
 
     big = [r for r in rows if r.entry in ("1MiB", "8MiB", "16MiB")]
+    placed = ("churn", "aged")  # fragmented as the tier's own table places entries
     lines = [
-        f"fragmented 1-16 MiB entries, worst ratio: {worst(lambda r: r in big and r.layout != 'contiguous')}"
-        "  (target >= 0.90x)",
+        f"fragmented 1-16 MiB entries as the tier places them (churn, aged), worst ratio: "
+        f"{worst(lambda r: r in big and r.layout in placed)}  (target >= 0.90x)",
         f"contiguous 1-16 MiB entries, worst ratio: {worst(lambda r: r in big and r.layout == 'contiguous')}",
+        f"random 1-16-block runs of 1-16 MiB (runs1-16: no run floor), worst ratio: "
+        f"{worst(lambda r: r in big and r.layout == 'runs1-16')}",
         f"64-row entries, worst ratio: {worst(lambda r: r.entry == '64rows')}  (target >= 0.70x)",
         f"64-row entries, batch 32, worst ratio: {worst(lambda r: r.entry == '64rows' and r.batch == 32)}",
     ]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -152,6 +153,19 @@ def test_copy_plot_from_a_real_cpu_run(tmp_path):
     assert all(row["save_gbs"] > 0 and row["load_gbs"] > 0 for row in result["rows"])
     plots.copy(result, tmp_path / "copy.png")
     assert (tmp_path / "copy.png").read_bytes().startswith(b"\x89PNG")
+
+
+def test_aging_bench_shows_the_run_floor_keeping_a_full_tables_entries_in_long_runs():
+    sys.path.insert(0, str(ROOT))
+    from bench import aging
+
+    args = (2048, 256 * aging.MiB)  # 2 KiB rows, a 256 MiB region
+    none = aging.measure(*args, floor_bytes=0, drop_share=0.05, ops=3000, strict=False)
+    floor = aging.measure(*args, floor_bytes=aging.FLOOR_BYTES, drop_share=0.05, ops=3000, strict=False)
+    assert statistics.mean(floor.runs) < 0.6 * statistics.mean(none.runs)
+    assert statistics.mean(floor.short_share) < 0.01 < statistics.mean(none.short_share)
+    assert statistics.mean(floor.occupancy) > 0.98  # what the floor costs: a little capacity
+    assert floor.for_runs_per_put > 0 == none.for_runs_per_put
 
 
 def test_bench_of_an_unknown_kind_is_a_usage_error():

@@ -72,7 +72,9 @@ class TierScheduler:
         self._events = events
         self._ranks = ranks
         self._engine_id = engine_id
-        self._table = EntryTable(self._layout.num_blocks)
+        self._table = EntryTable(
+            self._layout.num_blocks, min_run=self._layout.blocks_for(config.min_run_bytes)
+        )
         self._phase_of = self._table.phase_of
         self._role_loads = config.role.loads
         self._tickets = itertools.count(1)
@@ -99,11 +101,12 @@ class TierScheduler:
     def layout(self) -> Layout:
         return self._layout
 
-    def account_evictions(self, evicted: tuple[Entry, ...]) -> None:
+    def account_evictions(self, reservation: Reservation) -> None:
         """Count and announce entries a reservation evicted (hold `lock`)."""
-        for victim in evicted:
+        for victim in reservation.evicted:
             self.stats.evictions += 1
             self._publish(EventKind.EVICTED, victim.key, victim.rows)
+        self.stats.evictions_for_runs += reservation.for_runs
 
     def reserve_for_peer(self, key: str, rows: int, *, now: float, lease_s: float) -> Reservation | None:
         """Reserve blocks for an item a peer will write (a P2P fetch), as a save would be reserved:
@@ -111,7 +114,7 @@ class TierScheduler:
         with self.lock:
             reservation = self._table.reserve(key, rows, now=now, lease_s=lease_s, protect=self._promised)
             if reservation is not None:
-                self.account_evictions(reservation.evicted)
+                self.account_evictions(reservation)
             return reservation
 
     def on_grant_lapsed(self, listener: Callable[[str, int], None]) -> None:
@@ -230,7 +233,7 @@ class TierScheduler:
             if _debug():
                 log.debug("offload_skipped_region_full", mm_hash=key, rows=rows)  # counted: not_offloaded
             return
-        self.account_evictions(reservation.evicted)
+        self.account_evictions(reservation)
         entry = reservation.entry
         copy = self._plan(_Kind.SAVE, entry, now)
         self._save_ticket[key] = copy.ticket

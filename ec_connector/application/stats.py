@@ -52,6 +52,8 @@ class TierStats:
     bytes_saved: int = 0
     bytes_loaded: int = 0
     evictions: int = 0
+    evictions_for_runs: int = 0
+    """Of `evictions`, those made beyond the space needed, to keep a new entry's runs long."""
     not_offloaded: int = 0
     save_leases_lapsed: int = 0
     quarantines_settled: int = 0

@@ -5,6 +5,12 @@ metadata is O(free extents) = O(entries), never one object per block. An allocat
 contiguous extent when one is large enough (best fit); otherwise it takes the largest free extents
 until the remainder fits in one, then best-fits that remainder, so an entry ends up in as few
 contiguous runs as the free space allows.
+
+A split allocation may be asked for a run floor (`min_run`): every piece but the remainder must then
+come from a free extent of at least `min_run` blocks. Short runs copy slowly (each is a separate
+copy, or a trip through a gather kernel), and a full cache that evicts exactly what it needs makes
+them: the entry must take every free block, slivers included. With a floor the allocation refuses
+instead, and the caller decides whether to make room (evict more) or accept short runs.
 """
 
 from __future__ import annotations
@@ -85,10 +91,18 @@ class ExtentAllocator:
     def can_allocate(self, blocks: int) -> bool:
         return 0 < blocks <= self._free
 
-    def allocate(self, blocks: int) -> tuple[Extent, ...] | None:
-        """Take `blocks` blocks in as few runs as possible; None (nothing taken) if they do not fit."""
+    def allocate(self, blocks: int, *, min_run: int = 1) -> tuple[Extent, ...] | None:
+        """Take `blocks` blocks in as few runs as possible; None (nothing taken) if they do not fit.
+
+        With `min_run` > 1 a split allocation takes its pieces only from free extents of at least
+        `min_run` blocks (the last piece, the remainder, may be shorter), and is None (nothing taken)
+        when the free space cannot be split that way. One free extent that holds all `blocks` is
+        always taken, whatever its length.
+        """
         if blocks <= 0:
             raise ValueError(f"cannot allocate {blocks} blocks")
+        if min_run <= 0:
+            raise ValueError(f"min_run must be >= 1, got {min_run}")
         if blocks > self._free:
             return None
         by_size = self._by_size
@@ -108,6 +122,8 @@ class ExtentAllocator:
                 del self._starts[j]
             self._free -= blocks
             return (Extent(start, blocks),)
+        if min_run > 1 and not self._splits(blocks, min_run):
+            return None
         taken: list[Extent] = []
         remaining = blocks
         while remaining:
@@ -121,6 +137,18 @@ class ExtentAllocator:
                 taken.append(self._take(start, size, size))
                 remaining -= size
         return tuple(sorted(taken))
+
+    def _splits(self, blocks: int, min_run: int) -> bool:
+        """Whether the split in `allocate` (largest extents first, then a best-fit remainder) takes
+        no piece but the remainder from an extent shorter than `min_run`."""
+        remaining = blocks
+        for size, _ in reversed(self._by_size):
+            if size >= remaining:
+                return True
+            if size < min_run:
+                return False
+            remaining -= size
+        return False
 
     def release(self, extents: tuple[Extent, ...]) -> None:
         """Give extents back, merging with free neighbours. Raises on double free or out of range."""

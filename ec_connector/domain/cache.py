@@ -5,6 +5,11 @@ Rules held here:
 - space is made by evicting READY, unpinned, unannounced entries oldest-first (FIFO by reservation);
 - an allocation that cannot fit even after evicting every evictable entry fails at once and evicts
   nothing;
+- with a run floor (`min_run` blocks), an entry that has to be split is placed in pieces of at
+  least that length: the table evicts further oldest entries, at most as many blocks as the entry
+  itself, until the free space splits that way, and places it in shorter runs only when even that
+  does not help (a full cache that evicts exactly what it needs would otherwise hand every new
+  entry the slivers its out-of-order frees left, and short runs copy slowly: `bench/aging.py`);
 - deadlines (save lease, producer grant lease, announcement, quarantine) are settled by `expire`,
   which the caller runs with the current time; the table never reads a clock.
 
@@ -37,10 +42,15 @@ class _Deadline(Enum):
 
 @dataclass(frozen=True, slots=True)
 class Reservation:
-    """A new NOT_READY entry, and the entries evicted to make room for it."""
+    """A new NOT_READY entry, and the entries evicted to make room for it.
+
+    The last `for_runs` of `evicted` were evicted beyond the space needed, so that the entry's runs
+    stay at least the table's run floor long.
+    """
 
     entry: Entry
     evicted: tuple[Entry, ...]
+    for_runs: int = 0
 
 
 @dataclass(slots=True)
@@ -68,8 +78,11 @@ _MIN_COMPACT = 64  # a heap is not rebuilt below this many items
 class EntryTable:
     """Entries of one region, keyed by identifier, in reservation (FIFO) order."""
 
-    def __init__(self, num_blocks: int) -> None:
+    def __init__(self, num_blocks: int, *, min_run: int = 1) -> None:
+        if min_run <= 0:
+            raise ValueError(f"min_run must be >= 1, got {min_run}")
         self.blocks = ExtentAllocator(num_blocks)
+        self.min_run = min_run
         self._entries: dict[str, Entry] = {}
         self._phases: dict[str, Phase] = {}
         # The phase of `key`, or None when it is not held: one dict read, no Python frame. Phases
@@ -130,6 +143,8 @@ class EntryTable:
 
         Entries whose keys are in `protect` are not evicted (e.g. items promised to vLLM this
         step). On None nothing was evicted. Raises IllegalTransition if `key` is already held.
+        With a run floor, up to `rows` more blocks may be evicted to keep the entry's runs long
+        (`Reservation.for_runs`).
         """
         if key in self._entries:
             raise IllegalTransition(f"entry {key!r} is already held")
@@ -138,22 +153,34 @@ class EntryTable:
         blocks = self.blocks
         if rows > blocks.num_blocks:
             return None
-        evicted: tuple[Entry, ...] = ()
+        evicted: list[Entry] = []
         if rows > blocks.free_blocks:
             victims = self._victims(rows - blocks.free_blocks, now, protect)
             if victims is None:
                 return None
             for victim in victims:
                 self._free(victim)
-            evicted = tuple(victims)
-        extents = blocks.allocate(rows)
-        assert extents is not None  # guaranteed by the evictions above
+            evicted = victims
+        needed = len(evicted)
+        extents = blocks.allocate(rows, min_run=self.min_run)
+        budget = rows
+        while extents is None and budget > 0:
+            more = self._victims(1, now, protect)
+            if not more:
+                break
+            self._free(more[0])
+            evicted.append(more[0])
+            budget -= more[0].rows
+            extents = blocks.allocate(rows, min_run=self.min_run)
+        if extents is None:
+            extents = blocks.allocate(rows)  # short runs rather than no entry
+            assert extents is not None  # guaranteed by the evictions above
         self._order += 1
         entry = Entry(key=key, extents=extents, rows=rows, ready_deadline=now + lease_s, order=self._order)
         self._entries[key] = entry
         self._phases[key] = _NOT_READY
         self._push(entry.ready_deadline, key, _Deadline.SAVE)
-        return Reservation(entry, evicted)
+        return Reservation(entry, tuple(evicted), len(evicted) - needed)
 
     def mark_ready(self, key: str) -> Entry:
         entry = self._require(key)

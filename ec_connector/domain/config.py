@@ -60,6 +60,11 @@ class ConnectorConfig:
     nixl_read_lanes: int = 4
     side_channel_secret: str | None = None
     event_feed_address: str | None = None
+    min_run_bytes: int = 256 * 1024
+    """Run floor of the tier's allocation: an entry that must be split is placed in pieces of at
+    least this many bytes, evicting a little more (oldest first) where that is what it takes. 0 turns
+    it off. The default is the copier's copy-engine threshold: shorter runs go through the gather
+    kernel, which carries ~0.8-0.9x of the copy engines' bandwidth over PCIe (docs/benchmarks.md)."""
 
 
 _SECONDS_KEYS = (
@@ -77,6 +82,7 @@ KNOWN_KEYS = frozenset(
     {
         "ec_cpu_bytes",
         "ec_enable_nixl",
+        "ec_min_run_bytes",
         "nixl_backend",
         "nixl_consumer_progress_thread",
         "nixl_read_lanes",
@@ -135,6 +141,13 @@ def parse_cpu_bytes(extra: Mapping[str, Any]) -> int:
     return value
 
 
+def parse_min_run_bytes(value: object) -> int:
+    key = "ec_min_run_bytes"
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < 1 << 63:
+        raise _reject(key, value, "an integer number of bytes >= 0 (0 turns the run floor off), e.g. 262144")
+    return value
+
+
 def parse_seconds(key: str, value: object) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise _reject(key, value, "a number of seconds > 0, e.g. 2.0")
@@ -187,6 +200,8 @@ def parse_config(extra: object, *, role: object) -> ConnectorConfig:
     }
     if "ec_enable_nixl" in extra:
         fields["enable_nixl"] = parse_bool_flag("ec_enable_nixl", extra["ec_enable_nixl"])
+    if "ec_min_run_bytes" in extra:
+        fields["min_run_bytes"] = parse_min_run_bytes(extra["ec_min_run_bytes"])
     for key in _SECONDS_KEYS:
         if key in extra:
             fields[key] = parse_seconds(key, extra[key])

@@ -83,6 +83,12 @@ class Layout:
     def data_bytes(self) -> int:
         return self.num_blocks * self.block_size_bytes
 
+    def blocks_for(self, nbytes: int) -> int:
+        """The fewest blocks (at least 1) that hold `nbytes` bytes."""
+        if nbytes < 0:
+            raise ValueError(f"cannot size {nbytes} bytes")
+        return max(1, -(-nbytes // self.block_size_bytes))
+
     def byte_runs(self, extents: Sequence[Extent]) -> tuple[tuple[int, int], ...]:
         """(byte offset, byte length) of each extent within the data area."""
         b = self.block_size_bytes

@@ -6,6 +6,7 @@ import random
 
 import pytest
 
+from ec_connector.domain.blocks import Extent
 from ec_connector.domain.config import Role
 from ec_connector.domain.entries import Phase
 from ec_connector.domain.transfers import EventKind
@@ -78,7 +79,7 @@ def test_every_rank_loads():
 
 
 def test_eviction_under_pressure_is_fifo_and_announced_as_events():
-    eng = Engine(num_blocks=10)
+    eng = Engine(num_blocks=10, min_run_bytes=0)  # d takes the slivers: no run floor
     for key in ("a", "b", "c"):
         eng.step([(key, 3)])
         eng.settle()
@@ -89,6 +90,20 @@ def test_eviction_under_pressure_is_fifo_and_announced_as_events():
     assert not eng.scheduler.table.get("a")
     assert all(eng.scheduler.table.is_ready(k) for k in ("b", "c", "d"))
     assert eng.scheduler.stats.evictions == 1
+
+
+def test_the_run_floor_evicts_one_more_oldest_entry_counts_it_and_announces_it():
+    eng = Engine(num_blocks=10)  # the default floor (256 KiB) is longer than this whole region
+    for key in ("a", "b", "c"):
+        eng.step([(key, 3)])
+        eng.settle()
+    eng.step([("d", 4)])  # a's 3 blocks and the last free one are apart: b goes too
+    eng.settle()
+    evicted = [e.mm_hash for e in eng.events.events if e.kind is EventKind.EVICTED]
+    assert evicted == ["a", "b"]
+    assert eng.scheduler.table.get("d").extents == (Extent(0, 4),)
+    assert eng.scheduler.stats.evictions == 2
+    assert eng.scheduler.stats.evictions_for_runs == 1
 
 
 def test_region_full_of_pinned_entries_means_the_item_is_simply_not_offloaded():

@@ -114,6 +114,37 @@ def test_allocation_of_every_free_block_takes_every_extent():
     assert alloc.allocate(1) is None
 
 
+# --- run floor (free extents of lengths 3, 1, 2) ---------------------------------------------------
+
+
+def test_a_run_floor_takes_a_short_extent_only_for_the_remainder():
+    alloc, _ = _fragmented()
+    # 4 blocks at a floor of 3: the 3 then 1 more, best-fit from the 1-block sliver.
+    assert alloc.allocate(4, min_run=3) == (Extent(0, 3), Extent(5, 1))
+    assert alloc.free_extents() == (Extent(8, 2),)
+
+
+def test_a_run_floor_refuses_a_split_through_two_short_extents_and_takes_nothing():
+    alloc, _ = _fragmented()
+    before = alloc.free_extents()
+    assert alloc.allocate(6, min_run=3) is None  # 3 + 2 + 1: the 2 is short and not the remainder
+    assert alloc.allocate(5, min_run=4) is None  # no extent reaches 4, and 5 needs a split
+    assert alloc.free_extents() == before and alloc.free_blocks == 6
+    assert alloc.allocate(6) == (Extent(0, 3), Extent(5, 1), Extent(8, 2))  # no floor: every sliver
+
+
+def test_a_run_floor_never_refuses_an_entry_that_one_free_extent_holds():
+    alloc, _ = _fragmented()
+    assert alloc.allocate(1, min_run=16) == (Extent(5, 1),)
+    assert alloc.allocate(3, min_run=16) == (Extent(0, 3),)
+
+
+@pytest.mark.parametrize("min_run", [0, -2])
+def test_a_run_floor_below_one_block_is_a_caller_error(min_run):
+    with pytest.raises(ValueError, match=f"min_run must be >= 1, got {min_run}"):
+        ExtentAllocator(4).allocate(2, min_run=min_run)
+
+
 def test_release_merges_with_both_free_neighbours():
     alloc = ExtentAllocator(9)
     a, b, c = alloc.allocate(3), alloc.allocate(3), alloc.allocate(3)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from ec_connector.domain.blocks import Extent
+from ec_connector.domain.blocks import Extent, total_blocks
 from ec_connector.domain.cache import EntryTable
 from ec_connector.domain.entries import Phase
 from ec_connector.domain.errors import IllegalTransition, UnknownEntry
@@ -114,6 +114,77 @@ def test_eviction_stops_as_soon_as_the_allocation_fits():
     assert res is not None
     assert [e.key for e in res.evicted] == ["a", "b"]
     assert _keys(table) == ["c", "d", "e", "f"]
+
+
+# --- run floor -----------------------------------------------------------------------------------
+
+
+def _slivered(min_run: int) -> EntryTable:
+    """A full table of six 2-block entries a-f, b and d dropped: free [2,4) and [6,8)."""
+    table = EntryTable(12, min_run=min_run)
+    for key in "abcdef":
+        _put_ready(table, key, 2)
+    table.drop("b")
+    table.drop("d")
+    assert table.blocks.free_extents() == (Extent(2, 2), Extent(6, 2))
+    return table
+
+
+def test_without_a_run_floor_a_new_entry_takes_the_slivers():
+    table = _slivered(min_run=1)
+    res = table.reserve("g", 4, now=1.0, lease_s=LEASE)
+    assert res is not None
+    assert res.evicted == () and res.for_runs == 0
+    assert res.entry.extents == (Extent(2, 2), Extent(6, 2))
+
+
+def test_a_run_floor_evicts_the_oldest_entry_more_to_keep_the_runs_long():
+    table = _slivered(min_run=3)
+    res = table.reserve("g", 4, now=1.0, lease_s=LEASE)
+    assert res is not None
+    assert [e.key for e in res.evicted] == ["a"]
+    assert res.for_runs == 1  # evicted beyond the space needed
+    assert res.entry.extents == (Extent(0, 4),)  # a's blocks merged with the sliver beside them
+    assert _keys(table) == ["c", "e", "f", "g"]
+
+
+def test_space_evictions_are_not_counted_as_evictions_for_runs():
+    table = _slivered(min_run=3)
+    res = table.reserve("g", 6, now=1.0, lease_s=LEASE)  # 4 free: a is evicted for space
+    assert res is not None
+    assert [e.key for e in res.evicted] == ["a"] and res.for_runs == 0
+    assert res.entry.extents == (Extent(0, 4), Extent(6, 2))  # pieces of 4, then the remainder
+
+
+def test_a_run_floor_evicts_at_most_the_entrys_own_size_more_then_takes_short_runs():
+    table = EntryTable(20, min_run=4)
+    for key in "abcdefghij":  # b, d, f and h pinned: evicting a, e or g merges no free runs
+        _put_ready(table, key, 2)
+    for key in "bdfh":
+        table.pin(key)
+    table.drop("c")  # free [4,6)
+    res = table.reserve("x", 2, now=1.0, lease_s=LEASE)
+    assert res is not None and res.evicted == ()  # one free extent holds it: no floor to keep
+    table.drop("x")
+    res = table.reserve("y", 4, now=1.0, lease_s=LEASE)
+    assert res is not None
+    # a for space; e and g (4 blocks, y's own size) for runs, in vain; i and j are spared
+    assert [e.key for e in res.evicted] == ["a", "e", "g"] and res.for_runs == 2
+    assert "i" in table and "j" in table
+    assert total_blocks(res.entry.extents) == 4 and len(res.entry.extents) == 2
+    assert table.blocks.free_blocks == 4
+
+
+def test_a_run_floor_never_evicts_a_protected_entry():
+    table = _slivered(min_run=3)
+    res = table.reserve("g", 4, now=1.0, lease_s=LEASE, protect={"a", "c", "e", "f"})
+    assert res is not None and res.evicted == ()
+    assert res.entry.extents == (Extent(2, 2), Extent(6, 2))
+
+
+def test_a_run_floor_below_one_block_is_refused():
+    with pytest.raises(ValueError, match="min_run must be >= 1, got 0"):
+        EntryTable(8, min_run=0)
 
 
 def test_no_eviction_when_free_space_suffices():

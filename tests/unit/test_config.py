@@ -32,7 +32,8 @@ SECONDS_KEYS = [
     "not_ready_give_up_s",
 ]
 ALL_KEYS = (
-    "announce_lease_s, consumer_ack_timeout_s, ec_cpu_bytes, ec_enable_nixl, event_feed_address, "
+    "announce_lease_s, consumer_ack_timeout_s, ec_cpu_bytes, ec_enable_nixl, ec_min_run_bytes, "
+    "event_feed_address, "
     "nixl_backend, nixl_consumer_progress_thread, nixl_read_lanes, not_ready_backoff_max_s, "
     "not_ready_backoff_s, not_ready_give_up_s, producer_pin_lease_s, quarantine_s, read_timeout_s, "
     "save_lease_s, "
@@ -68,6 +69,7 @@ def test_minimal_config_takes_every_documented_default():
     assert config.ucx_error_mode == "peer"
     assert config.side_channel_secret is None
     assert config.event_feed_address is None
+    assert config.min_run_bytes == 256 * 1024
 
 
 def test_known_keys_are_ec_cpu_bytes_nixl_and_every_design_key():
@@ -217,6 +219,23 @@ def test_read_lanes_outside_1_to_32_or_not_an_int_are_refused(value):
         "number of NIXL agents from 1 to 32, e.g. 4"
     ):
         _parse(nixl_read_lanes=value)
+
+
+# --- ec_min_run_bytes ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("value", [0, 1, 4096, 1 << 20, (1 << 63) - 1])
+def test_min_run_bytes_takes_any_byte_count_from_0(value):
+    assert _parse(ec_min_run_bytes=value).min_run_bytes == value
+
+
+@pytest.mark.parametrize("value", [-1, 1 << 63, 262144.0, "262144", True, None])
+def test_min_run_bytes_negative_huge_or_not_an_int_is_refused(value):
+    with _rejects(
+        f"ec_connector_extra_config['ec_min_run_bytes'] = {value!r} is invalid: expected an integer "
+        "number of bytes >= 0 (0 turns the run floor off), e.g. 262144"
+    ):
+        _parse(ec_min_run_bytes=value)
 
 
 # --- ec_enable_nixl ----------------------------------------------------------------------------

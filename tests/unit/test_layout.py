@@ -43,6 +43,16 @@ def test_block_size_is_hidden_dim_times_dtype_itemsize(dtype, itemsize):
     assert layout.data_bytes == 10 * 3584 * itemsize
 
 
+@pytest.mark.parametrize(("nbytes", "blocks"), [(0, 1), (1, 1), (7168, 1), (7169, 2), (262144, 37)])
+def test_blocks_for_is_the_fewest_whole_blocks_holding_the_bytes_and_at_least_one(nbytes, blocks):
+    assert Layout(hidden_dim=3584, dtype="bfloat16", num_blocks=10).blocks_for(nbytes) == blocks
+
+
+def test_blocks_for_a_negative_size_is_a_caller_error():
+    with pytest.raises(ValueError, match="cannot size -1 bytes"):
+        Layout(hidden_dim=8, dtype="bfloat16", num_blocks=10).blocks_for(-1)
+
+
 def test_every_supported_dtype_is_listed():
     assert set(DTYPE_ITEMSIZE) == {"float32", "float16", "bfloat16", "float8_e4m3fn", "float8_e5m2"}
 

@@ -95,6 +95,42 @@ def test_allocator_never_double_owns_or_loses_a_block(num_blocks, ops):
 
 @SETTINGS
 @given(
+    num_blocks=st.integers(1, 96),
+    sizes=st.lists(st.integers(1, 12), max_size=24),
+    data=st.data(),
+)
+def test_a_run_floor_takes_pieces_only_from_long_free_extents_or_refuses(num_blocks, sizes, data):
+    alloc = ExtentAllocator(num_blocks)
+    owned = [got for n in sizes if (got := alloc.allocate(n)) is not None]
+    for i in data.draw(st.lists(st.integers(0, 1000), max_size=len(owned))):
+        if owned:
+            alloc.release(owned.pop(i % len(owned)))  # free out of order: slivers
+    free_before = alloc.free_extents()
+    if not free_before:
+        return
+    # sizes just past the sum of the k largest free extents: splits into k + 1 pieces
+    lengths = sorted((e.length for e in free_before), reverse=True)
+    past_sums = [sum(lengths[:k]) + 1 for k in range(1, len(lengths) + 1)]
+    want = data.draw(st.one_of(st.integers(1, alloc.free_blocks + 1), st.sampled_from(past_sums)))
+    # floors at and just above the free lengths: where an off-by-one would take a short piece
+    min_run = data.draw(st.sampled_from(sorted({e.length + d for e in free_before for d in (0, 1)})))
+    got = alloc.allocate(want, min_run=min_run)
+    long_total = sum(e.length for e in free_before if e.length >= min_run)
+    short_max = max((e.length for e in free_before if e.length < min_run), default=0)
+    fits = long_total >= want or short_max >= want - long_total
+    if not fits:
+        assert got is None
+        assert alloc.free_extents() == free_before
+        return
+    assert got is not None and sum(e.length for e in got) == want
+    hosts = [next(f for f in free_before if f.start <= e.start and e.end <= f.end) for e in got]
+    assert sum(h.length < min_run for h in hosts) <= 1, "more than the remainder came from a short extent"
+    if any(f.length >= want for f in free_before):
+        assert len(got) == 1
+
+
+@SETTINGS
+@given(
     num_blocks=st.integers(1, 64),
     sizes=st.lists(st.integers(1, 16), max_size=20),
     data=st.data(),
