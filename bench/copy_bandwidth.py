@@ -151,7 +151,11 @@ def aged(
     (`bench/aging.py`), then the batch reserved through it with the product's run floor."""
     table = AgedTable(num_blocks, min_run, 0.05, rng)
     table.age(20 * num_blocks // rows, sizes=lambda r: r.randint(max(1, rows // 4), 2 * rows))
-    return [table.put(rows) for _ in range(count)]
+    table.drop_share = 0.0  # the batch's own entries must all stay
+    batch = [table.put(rows) for _ in range(count)]
+    blocks = [b for extents in batch for e in extents for b in range(e.start, e.end)]
+    assert len(blocks) == len(set(blocks)) == rows * count, "the aged batch's entries overlap"
+    return batch
 
 
 PLACE: dict[str, Callable[[int, int, int, random.Random], list[tuple[Extent, ...]]]] = {
