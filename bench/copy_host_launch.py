@@ -30,7 +30,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.copy_bandwidth import scattered  # noqa: E402
+from bench.aging import FLOOR_BYTES  # noqa: E402
+from bench.copy_bandwidth import aged, scattered  # noqa: E402
 from ec_connector.adapters.memory import MemoryRegion  # noqa: E402
 from ec_connector.adapters.torch_copy import TorchCopier  # noqa: E402
 from ec_connector.adapters.torch_copy.batchplan import BatchPlanner  # noqa: E402
@@ -77,9 +78,17 @@ def cases(rng: random.Random) -> list[tuple[str, int, int, list[tuple[Extent, ..
     for name, width, rows in (
         ("1 MiB of 2 KiB rows, runs1-16", 1024, 512),
         ("1 MiB of 7 KiB rows, runs1-16", 3584, 146),
+        ("1 MiB of 2 KiB rows, aged", 1024, 512),
+        ("1 MiB of 7 KiB rows, aged", 3584, 146),
+        ("8 MiB of 7 KiB rows, aged", 3584, 1170),
     ):
-        blocks = (BATCH + 8) * rows
-        out.append((name, width, rows, scattered(blocks, rows, BATCH, rng), blocks))
+        if name.endswith("aged"):  # the tier's table, full and aged, with its run floor
+            blocks = int(BATCH * rows * 2.2) + 64
+            ext = aged(blocks, rows, BATCH, rng, min_run=-(-FLOOR_BYTES // (width * 2)))
+        else:
+            blocks = (BATCH + 8) * rows
+            ext = scattered(blocks, rows, BATCH, rng)
+        out.append((name, width, rows, ext, blocks))
     return out
 
 
