@@ -36,10 +36,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from ec_connector.domain.blocks import Extent  # noqa: E402
 from ec_connector.domain.cache import EntryTable  # noqa: E402
-from ec_connector.domain.config import ConnectorConfig  # noqa: E402
+from ec_connector.domain.config import MIN_RUN_BYTES  # noqa: E402
 
 MiB = 1 << 20
-FLOOR_BYTES = ConnectorConfig.__dataclass_fields__["min_run_bytes"].default
+FLOOR_BYTES = MIN_RUN_BYTES
 LEASE = 1e9  # saves never lapse here
 
 

@@ -58,6 +58,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from vllm_baseline import BaselineUnavailable, load, version  # noqa: E402
 
 from ec_connector.domain.cache import EntryTable  # noqa: E402
+from ec_connector.domain.config import MIN_RUN_BYTES  # noqa: E402
 from ec_connector.domain.entries import Phase  # noqa: E402
 
 GiB = 1 << 30
@@ -149,7 +150,8 @@ class OursSide:
     name = "ours"
 
     def __init__(self, num_blocks: int) -> None:
-        self.table = EntryTable(num_blocks)
+        # with the shipped run floor (ec_min_run_bytes' default), as the scheduler builds it
+        self.table = EntryTable(num_blocks, min_run=-(-MIN_RUN_BYTES // ROW_BYTES))
         self.phase_of = self.table.phase_of
         self.lock = threading.RLock()
         self.now = 0.0

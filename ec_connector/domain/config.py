@@ -40,6 +40,11 @@ class Role(str, Enum):
         return self is not Role.PRODUCER
 
 
+MIN_RUN_BYTES = 256 * 1024
+"""Default of `ec_min_run_bytes`: the copier's copy-engine threshold (runs shorter than this go
+through its gather kernel)."""
+
+
 @dataclass(frozen=True, slots=True)
 class ConnectorConfig:
     role: Role
@@ -60,7 +65,7 @@ class ConnectorConfig:
     nixl_read_lanes: int = 4
     side_channel_secret: str | None = None
     event_feed_address: str | None = None
-    min_run_bytes: int = 256 * 1024
+    min_run_bytes: int = MIN_RUN_BYTES
     """Run floor of the tier's allocation: an entry that must be split is placed in pieces of at
     least this many bytes, evicting a little more (oldest first) where that is what it takes. 0 turns
     it off. The default is the copier's copy-engine threshold: shorter runs go through the gather
