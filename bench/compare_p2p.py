@@ -193,7 +193,7 @@ def ours_producer(conn, name: str, cfg: dict, port: int) -> None:
                 with tier.lock:
                     res = tier.table.reserve(key, rows, now=clock.now(), lease_s=60.0)
                     if res is not None:
-                        tier.account_evictions(res.evicted)
+                        tier.account_evictions(res)
                         break
                 if time.monotonic() > deadline:
                     raise RuntimeError(f"producer region full for {rows} rows")
