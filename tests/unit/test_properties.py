@@ -93,15 +93,18 @@ def test_allocator_never_double_owns_or_loses_a_block(num_blocks, ops):
         _assert_maximal(alloc.free_extents())
 
 
+@st.composite
+def _filled(draw, max_blocks: int = 64, max_size: int = 16, min_entries: int = 0, max_entries: int = 20):
+    """An allocator of 1-`max_blocks` blocks and the allocations of a drawn list of sizes that fit."""
+    alloc = ExtentAllocator(draw(st.integers(1, max_blocks)))
+    sizes = draw(st.lists(st.integers(1, max_size), min_size=min_entries, max_size=max_entries))
+    return alloc, [got for n in sizes if (got := alloc.allocate(n)) is not None]
+
+
 @SETTINGS
-@given(
-    num_blocks=st.integers(1, 96),
-    sizes=st.lists(st.integers(1, 12), max_size=24),
-    data=st.data(),
-)
-def test_a_run_floor_takes_pieces_only_from_long_free_extents_or_refuses(num_blocks, sizes, data):
-    alloc = ExtentAllocator(num_blocks)
-    owned = [got for n in sizes if (got := alloc.allocate(n)) is not None]
+@given(filled=_filled(max_blocks=96, max_size=12, max_entries=24), data=st.data())
+def test_a_run_floor_takes_pieces_only_from_long_free_extents_or_refuses(filled, data):
+    alloc, owned = filled
     for i in data.draw(st.lists(st.integers(0, 1000), max_size=len(owned))):
         if owned:
             alloc.release(owned.pop(i % len(owned)))  # free out of order: slivers
@@ -130,29 +133,20 @@ def test_a_run_floor_takes_pieces_only_from_long_free_extents_or_refuses(num_blo
 
 
 @SETTINGS
-@given(
-    num_blocks=st.integers(1, 64),
-    sizes=st.lists(st.integers(1, 16), max_size=20),
-    data=st.data(),
-)
-def test_releasing_everything_restores_one_free_extent(num_blocks, sizes, data):
-    alloc = ExtentAllocator(num_blocks)
-    owned = [got for n in sizes if (got := alloc.allocate(n)) is not None]
+@given(filled=_filled(), data=st.data())
+def test_releasing_everything_restores_one_free_extent(filled, data):
+    alloc, owned = filled
     order = data.draw(st.permutations(range(len(owned))))
     for i in order:
         alloc.release(owned[i])
-    assert alloc.free_extents() == (Extent(0, num_blocks),)
+    assert alloc.free_extents() == (Extent(0, alloc.num_blocks),)
 
 
 @SETTINGS
-@given(
-    num_blocks=st.integers(1, 64),
-    sizes=st.lists(st.integers(1, 16), min_size=1, max_size=12),
-    data=st.data(),
-)
-def test_double_free_or_out_of_range_release_raises_allocator_corruption(num_blocks, sizes, data):
-    alloc = ExtentAllocator(num_blocks)
-    owned = [got for n in sizes if (got := alloc.allocate(n)) is not None]
+@given(filled=_filled(min_entries=1, max_entries=12), data=st.data())
+def test_double_free_or_out_of_range_release_raises_allocator_corruption(filled, data):
+    alloc, owned = filled
+    num_blocks = alloc.num_blocks
     free = alloc.free_extents()
     if free:
         # any extent overlapping a free block is a double free
