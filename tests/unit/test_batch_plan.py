@@ -196,6 +196,38 @@ def test_touching_runs_join_and_the_split_follows_the_copy_engine_rules() -> Non
     assert plan.inline is None and plan.kernel == 17 and not plan.delta
 
 
+def test_a_few_short_runs_beside_long_ones_go_to_the_copy_engines_when_asked() -> None:
+    host = Host()
+    dense = 1 << 20
+    # 17 long runs (more than MIXED) and 3 short ones, apart from one another
+    batch = [PlannedCopy(i + 1, f"l{i}", (Extent(10 * i, 8),), 8) for i in range(17)] + [
+        PlannedCopy(100 + i, f"s{i}", (Extent(200 + 3 * i, 1),), 1) for i in range(3)
+    ]
+    split = host.planner(big_rows=8).load(batch, dense)
+    assert (split.dma, split.kernel) == (17, 3)  # the default: short runs to the kernel
+    planner = BatchPlanner(
+        num_blocks=host.num_blocks,
+        row_bytes=ROW,
+        host_address=host.address,
+        big_rows=8,
+        few_runs=FEW,
+        mixed_min_runs=MIXED,
+        base_align=ROW | host.address,
+        few_short=3,
+        few_short_save=2,
+    )
+    plan = planner.load(batch, dense)
+    assert (plan.dma, plan.kernel) == (20, 0)  # 3 short runs: all to the copy engines
+    assert column(plan.dma_size, 20)[-3:] == [ROW] * 3
+    more = batch + [PlannedCopy(99, "s-last", (Extent(300, 1),), 1)]
+    assert (planner.load(more, dense).dma, planner.load(more, dense).kernel) == (17, 4)
+    payloads = np.zeros(200 * ROW, dtype=np.uint8)
+    base, rows = payloads.ctypes.data, [c.rows for c in batch]
+    pointers = [base + ROW * sum(rows[:i]) for i in range(len(batch))]
+    plan = planner.save(batch, pointers, [0] * len(batch), 1)
+    assert (plan.dma, plan.kernel) == (17, 3)  # saves take at most 2
+
+
 def test_saves_send_more_runs_wholly_to_the_copy_engines_than_loads() -> None:
     host = Host()
     planner = host.planner(big_rows=8)

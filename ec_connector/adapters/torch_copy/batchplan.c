@@ -14,7 +14,7 @@
 /* io[] slots: inputs the caller sets, then outputs written here (names mirrored in batchplan.py) */
 enum {
     IN_COPIES, IN_RUNS, IN_CAPACITY, IN_NUM_BLOCKS, IN_ROW_BYTES, IN_HOST, IN_DENSE,
-    IN_ITEM_BYTES, IN_BIG_ROWS, IN_FEW_RUNS, IN_MIXED_MIN_RUNS, IN_BASE_ALIGN, IN_SAVE,
+    IN_ITEM_BYTES, IN_BIG_ROWS, IN_FEW_RUNS, IN_MIXED_MIN_RUNS, IN_BASE_ALIGN, IN_SAVE, IN_FEW_SHORT,
     OUT_BAD_COPY, OUT_TOTAL_ROWS, OUT_DMA, OUT_KERNEL, OUT_KERNEL_ROWS, OUT_WORD, OUT_VEC,
     OUT_DELTA, IO_SLOTS = 32
 };
@@ -115,7 +115,8 @@ int64_t ec_plan_batch(int64_t *restrict io, int64_t *restrict ws, const int64_t 
     io[OUT_TOTAL_ROWS] = total;
 
     /* 2. long runs (>= big rows) to the copy engines, short ones to the kernel; small batches
-     *    (IN_FEW_RUNS runs, or IN_MIXED_MIN_RUNS with a long one) wholly to the copy engines */
+     *    (IN_FEW_RUNS runs, or IN_MIXED_MIN_RUNS with a long one), and batches of long runs with at
+     *    most IN_FEW_SHORT short ones, wholly to the copy engines */
     int64_t n_long = 0, long_rows = 0, or_all = 0, or_short = 0;
     for (int64_t i = 0; i < n; i++) {
         const int64_t is_long = big >= 0 && run[i].length >= big;
@@ -127,7 +128,8 @@ int64_t ec_plan_batch(int64_t *restrict io, int64_t *restrict ws, const int64_t 
     int all_dma = 0, all_kernel = 0;
     if (n == 0 || big < 0) {
         all_kernel = 1;
-    } else if (n <= io[IN_FEW_RUNS] || n_long == n || (n_long && n <= io[IN_MIXED_MIN_RUNS])) {
+    } else if (n <= io[IN_FEW_RUNS] || n_long == n
+               || (n_long && (n <= io[IN_MIXED_MIN_RUNS] || n - n_long <= io[IN_FEW_SHORT]))) {
         all_dma = 1;
     } else if (n_long == 0) {
         all_kernel = 1;

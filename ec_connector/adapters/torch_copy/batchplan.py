@@ -47,6 +47,7 @@ SOURCE = Path(__file__).with_name("batchplan.c")
     IN_MIXED_MIN_RUNS,
     IN_BASE_ALIGN,
     IN_SAVE,
+    IN_FEW_SHORT,
     OUT_BAD_COPY,
     OUT_TOTAL_ROWS,
     OUT_DMA,
@@ -55,7 +56,7 @@ SOURCE = Path(__file__).with_name("batchplan.c")
     OUT_WORD,
     OUT_VEC,
     OUT_DELTA,
-) = range(21)
+) = range(22)
 _OK, _BAD_CAPACITY = 0, 3
 _SECTION_DMA_DST, _SECTION_DMA_SRC, _SECTION_DMA_SIZE, _SECTION_TABLE = range(4)
 _vp = ctypes.c_void_p
@@ -92,6 +93,8 @@ class BatchPlanner:
     `big_rows`: runs of at least this many rows go to the copy engines (None: none do);
     `few_runs`/`mixed_min_runs`: batches of at most that many runs (or, with a long run, that many)
     go wholly to the copy engines (`few_runs_save`, if given, in place of `few_runs` for saves);
+    `few_short`: so do batches with long runs and at most that many short ones (`few_short_save`, if
+    given, for saves);
     `base_align`: OR of the row size and the region's device address.
     """
 
@@ -106,6 +109,8 @@ class BatchPlanner:
         mixed_min_runs: int,
         base_align: int,
         few_runs_save: int | None = None,
+        few_short: int = 0,
+        few_short_save: int | None = None,
     ) -> None:
         lib = library()
         self._plan = lib.ec_plan_batch
@@ -122,6 +127,8 @@ class BatchPlanner:
         io[IN_BIG_ROWS] = -1 if big_rows is None else big_rows
         self._few_runs_load = few_runs
         self._few_runs_save = few_runs if few_runs_save is None else few_runs_save
+        self._few_short_load = few_short
+        self._few_short_save = few_short if few_short_save is None else few_short_save
         io[IN_MIXED_MIN_RUNS] = mixed_min_runs
         io[IN_BASE_ALIGN] = base_align
         self._io_address = io.ctypes.data
@@ -145,6 +152,7 @@ class BatchPlanner:
         io = self._io
         io[IN_SAVE] = 1
         io[IN_FEW_RUNS] = self._few_runs_save
+        io[IN_FEW_SHORT] = self._few_short_save
         io[IN_ITEM_BYTES] = item_bytes
         return self._run(copies, array("q", pointers), array("q", offsets))
 
@@ -153,6 +161,7 @@ class BatchPlanner:
         io = self._io
         io[IN_SAVE] = 0
         io[IN_FEW_RUNS] = self._few_runs_load
+        io[IN_FEW_SHORT] = self._few_short_load
         io[IN_DENSE] = dense
         return self._run(copies, None, None)
 
