@@ -51,6 +51,7 @@ import tracemalloc
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, cast
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -59,7 +60,7 @@ from vllm_baseline import BaselineUnavailable, load, version  # noqa: E402
 
 from ec_connector.domain.cache import EntryTable  # noqa: E402
 from ec_connector.domain.config import MIN_RUN_BYTES  # noqa: E402
-from ec_connector.domain.entries import Phase  # noqa: E402
+from ec_connector.domain.entries import Entry, Phase  # noqa: E402
 
 GiB = 1 << 30
 ROW_BYTES = 3584 * 2  # bf16 rows of a hidden-3584 model: 7 KiB
@@ -189,7 +190,7 @@ class OursSide:
 
     # untimed inspection
     def runs(self, key: str) -> int:
-        return len(self.table.get(key).extents)
+        return len(cast(Entry, self.table.get(key)).extents)  # called right after a successful alloc
 
     def live_runs(self) -> list[int]:
         return [len(e.extents) for e in self.table.entries()]
@@ -385,7 +386,7 @@ def run(
     trace = make_trace(steps=steps, live=live, num_blocks=num_blocks, seed=seed)
     warm = steps // 10  # the region fills in the first steps; per-step figures skip them
 
-    makers = {
+    makers: dict[str, Callable[[], OursSide | BaselineSide]] = {
         "ours": lambda: OursSide(num_blocks),
         "vllm": lambda: BaselineSide(num_blocks, cache_cls),
     }
@@ -419,6 +420,8 @@ def run(
     big_blocks = num_blocks * 4
     memory: dict[str, dict[str, int]] = {}
     for name in makers:
+        empty: Callable[[], OursSide | BaselineSide]
+        empty4: Callable[[], OursSide | BaselineSide]
         if name == "ours":
             empty, empty4 = (lambda n=n: OursSide(n) for n in (num_blocks, big_blocks))
         else:
@@ -430,7 +433,7 @@ def run(
         }
         say(f"{name}: metadata {memory[name]}")
 
-    sides = {}
+    sides: dict[str, dict[str, Any]] = {}
     for name in makers:
         tally = tallies[name]
         ops = sum(tally.counts.values())

@@ -38,6 +38,7 @@ import sys
 import time
 import types
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -95,7 +96,7 @@ def vllm_side(name: str, address: int, size: int):
 def producer_main(path: str, conn) -> None:  # the spawned producer
     mm, area = mapping(path, PRODUCER_BYTES)
     area[:] = seeded(PRODUCER_BYTES)
-    side = None
+    side: Any = None  # our NixlPeerTransport or vLLM's NixlDataTransport, per "make"
     try:
         while (cmd := conn.recv())[0] != "stop":
             if cmd[0] == "make":

@@ -54,11 +54,16 @@ import traceback
 import uuid
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING, cast
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from vllm_baseline import BaselineUnavailable, load, version, vllm_root  # noqa: E402
+
+if TYPE_CHECKING:  # for mypy only: the functions below import ec_connector where they run
+    from ec_connector.container import Container
+    from ec_connector.domain.entries import Entry
 
 MiB = 1 << 20
 HIDDEN = 3584
@@ -140,7 +145,7 @@ def free_port() -> int:
 # Ours
 
 
-def _our_container(role: str, name: str, cfg: dict, port: int):
+def _our_container(role: str, name: str, cfg: dict, port: int) -> Container:
     from ec_connector.container import build_container
     from ec_connector.logging import attach_stderr_handler, configure_logging, options_from_env
 
@@ -222,7 +227,8 @@ class _RecordingControl:
     def __init__(self, inner) -> None:
         from ec_connector.adapters.zmq_control import codec
 
-        self._inner, self._encode, self.ack_bytes = inner, codec.encode, []
+        self._inner, self._encode = inner, codec.encode
+        self.ack_bytes: list[int] = []
 
     def send(self, address, message) -> None:
         self._inner.send(address, message)
@@ -240,7 +246,9 @@ class _RecordingTransport:
     """Our PeerTransport, recording the descriptors of each READ (runs paired as the adapter does)."""
 
     def __init__(self, inner, area_bytes: int) -> None:
-        self._inner, self._area, self.descriptors, self.start_read_s = inner, area_bytes, [], []
+        self._inner, self._area = inner, area_bytes
+        self.descriptors: list[int] = []
+        self.start_read_s: list[float] = []
 
     def start_read(self, peer, remote_runs, local_runs):
         from ec_connector.adapters.nixl_data.runs import pair_runs
@@ -296,7 +304,8 @@ def ours_consumer(conn, peer, name: str, cfg: dict, items: list[tuple[str, int]]
                     raise TimeoutError(f"item {key} not read in {ITEM_TIMEOUT_S} s")
             t_read = time.perf_counter()
             with tier.lock:
-                runs = [(e.start, e.length) for e in tier.table.get(key).extents]
+                entry = cast("Entry", tier.table.get(key))  # is_ready above: the entry is there
+                runs = [(e.start, e.length) for e in entry.extents]
             ok = verify_runs(area, runs, expected)
             t1 = time.perf_counter()
             for start, count in runs:

@@ -39,6 +39,7 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import cast
 
 import torch
 
@@ -349,7 +350,7 @@ class Bench:
             out = copier.load(loads)
             t_load = time.perf_counter() - t0
             load_dev = self.finish(copier, loads)
-            if not torch.equal(torch.cat([as_bytes(o) for o in out]), expected[which]):
+            if not torch.equal(torch.cat([as_bytes(cast(torch.Tensor, o)) for o in out]), expected[which]):
                 raise SystemExit(f"load bytes differ: width {width} {entry} {layout} batch {batch}")
             del out
             if rep:

@@ -108,7 +108,7 @@ def run(sizes_mib: list[int], threads: list[int], parts: list[int], rounds: int,
 
 def render(res: dict) -> str:
     lines = [f"{res['cpus']} CPUs, load average {res['load_avg']:.2f} after; ms (q1-q3), GiB/s at the median"]
-    base = {}
+    base: dict[int, float] = {}
     for (mib, n, k), t in sorted(res["times"].items()):
         med, (q1, _, q3) = statistics.median(t), statistics.quantiles(t, n=4)
         base.setdefault(mib, med)

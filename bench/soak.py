@@ -32,11 +32,19 @@ import sys
 import time
 import uuid
 from pathlib import Path
+from typing import Any, TypedDict
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from tests.fault.conftest import ConsumerSide, ProducerProcess  # noqa: E402
 from tests.fault.peer_producer import payload  # noqa: E402
+
+
+class _ProducerKw(TypedDict):
+    """The keyword arguments each (re)started ProducerProcess gets."""
+
+    cpu_bytes: int
+    extra: dict[str, Any]
 
 
 def rss_kib(pid: int | str = "self") -> int:
@@ -74,7 +82,10 @@ def main() -> None:
     shm_dir = Path("/dev/shm") / f"ec_soak_{uuid.uuid4().hex[:8]}"
     shm_dir.mkdir(mode=0o700)
     name = "soak-producer"
-    producer_kw = {"cpu_bytes": 4096 * 128, "extra": {"announce_lease_s": 5.0, "producer_pin_lease_s": 5.0}}
+    producer_kw: _ProducerKw = {
+        "cpu_bytes": 4096 * 128,
+        "extra": {"announce_lease_s": 5.0, "producer_pin_lease_s": 5.0},
+    }
     producer = ProducerProcess(name, shm_dir, **producer_kw)
     consumer = ConsumerSide(
         shm_dir, blocks=2048, extra={"read_timeout_s": 2.0, "consumer_ack_timeout_s": 0.5}

@@ -41,7 +41,7 @@ def _huge_pages() -> str:
     )
 
 
-def _timed(fn: Callable[[int], None], reps: int = 40) -> float:
+def _timed(fn: Callable[[int], object], reps: int = 40) -> float:
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     out = []
     for i in range(reps):
