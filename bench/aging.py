@@ -16,7 +16,8 @@ than the floor (apart from an entry's one short remainder: `--strict` counts it 
 occupancy after a reservation (what the floor costs in capacity), and the share of evictions made
 for runs rather than space (`vllm:ec_tier_evictions_for_runs`). Evictions per reservation are the
 same either way (one entry out for each one in, less the drops), so the floor's whole cost is the
-occupancy: it evicts a little earlier, not more.
+occupancy: it evicts a little earlier, not more. Last, the host time of `EntryTable.reserve` (median
+and p99, what the scheduler's step thread pays per new entry), floor against none.
 
     python bench/aging.py                  # rows of 2, 7 and 32 KiB; 0, 5 and 20% out of order
     python bench/aging.py --quick
@@ -28,6 +29,7 @@ import argparse
 import random
 import statistics
 import sys
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -58,6 +60,7 @@ class AgedTable:
         self._keys = 0
         self.evicted = 0
         self.for_runs = 0
+        self.reserve_s: list[float] = []  # host time of each `reserve` (what the step thread pays)
 
     def put(self, rows: int) -> tuple[Extent, ...]:
         """Reserve and complete one entry of `rows` (evicting as the tier would); its extents."""
@@ -67,7 +70,9 @@ class AgedTable:
             table.drop(victim.key)
         self._keys += 1
         key = f"e{self._keys}"
+        t0 = time.perf_counter()
         res = table.reserve(key, rows, now=0.0, lease_s=LEASE)
+        self.reserve_s.append(time.perf_counter() - t0)
         if res is None:
             raise RuntimeError(f"{rows} rows do not fit a table of {table.blocks.num_blocks} blocks")
         table.mark_ready(key)
@@ -88,6 +93,7 @@ class Aging:
     occupancy: list[float]
     evictions_per_put: float
     for_runs_per_put: float
+    reserve_s: list[float]
 
     def row(self) -> tuple[float, ...]:
         runs = sorted(self.runs)
@@ -98,6 +104,8 @@ class Aging:
             statistics.mean(self.short_share),
             statistics.mean(self.occupancy),
             self.for_runs_per_put / self.evictions_per_put,
+            statistics.median(self.reserve_s) * 1e6,
+            sorted(self.reserve_s)[int(0.99 * (len(self.reserve_s) - 1))] * 1e6,
         )
 
 
@@ -111,6 +119,7 @@ def measure(
     aged = AgedTable(num_blocks, min_run, drop_share, random.Random(row_bytes))
     aged.age(ops)
     aged.evicted = aged.for_runs = 0
+    aged.reserve_s = []
     runs, shares, occupancy = [], [], []
     for _ in range(ops):
         rows = image_rows(aged.rng)
@@ -123,7 +132,7 @@ def measure(
         if not strict and len(lengths) > 1 and lengths[0] < short:
             lengths = lengths[1:]  # the remainder piece: one short run an entry may have
         shares.append(sum(n for n in lengths if n < short and len(extents) > 1) / rows)
-    return Aging(runs, shares, occupancy, aged.evicted / ops, aged.for_runs / ops)
+    return Aging(runs, shares, occupancy, aged.evicted / ops, aged.for_runs / ops, aged.reserve_s)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -150,7 +159,8 @@ def main(argv: list[str] | None = None) -> None:
     )
     print(
         f"{'row':>4} {'drops':>5} {'floor':>6} | {'runs/e':>6} {'p99':>4} {'max':>4} | {'short bytes':>11} | "
-        f"{'occupancy':>9} | {'for runs':>8} | {'runs/e ratio':>12} {'occupancy ratio':>15}"
+        f"{'occupancy':>9} | {'for runs':>8} | {'reserve us p50':>14} {'p99':>5} | "
+        f"{'runs/e ratio':>12} {'occupancy ratio':>15} {'reserve p50 ratio':>17}"
     )
     for width in widths:
         row_bytes = width * 2
@@ -158,11 +168,11 @@ def main(argv: list[str] | None = None) -> None:
             base = measure(row_bytes, args.region_mib * MiB, 0, share, ops, args.strict).row()
             floor = measure(row_bytes, args.region_mib * MiB, args.floor_bytes, share, ops, args.strict).row()
             for name, r in (("none", base), (f"{args.floor_bytes // 1024}K", floor)):
-                ratios = f"{r[0] / base[0]:12.2f} {r[4] / base[4]:15.4f}"
+                ratios = f"{r[0] / base[0]:12.2f} {r[4] / base[4]:15.4f} {r[6] / base[6]:17.2f}"
                 print(
                     f"{row_bytes // 1024:>3}K {share:>5.0%} {name:>6} | "
                     f"{r[0]:6.2f} {r[1]:4.0f} {r[2]:4.0f} | {r[3]:11.2%} | {r[4]:9.4f} | {r[5]:8.1%} | "
-                    f"{ratios}"
+                    f"{r[6]:14.1f} {r[7]:5.0f} | {ratios}"
                 )
 
 
