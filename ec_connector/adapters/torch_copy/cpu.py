@@ -66,7 +66,7 @@ class CpuEngine:
             out[pos : pos + n].copy_(rows[s : s + n])
             pos += n
         self._finish("load", runs, t0)
-        return out.split(runs.rows)
+        return out.split_with_sizes(runs.rows)
 
     def poll(self) -> list[int]:
         out, self._done = self._done, []

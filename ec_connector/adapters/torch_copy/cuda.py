@@ -186,9 +186,10 @@ class CudaEngine:
         # No record_stream: `out` belongs to the caller's stream, which waits here for the end event,
         # so whatever reuses its memory after it is freed is queued behind the copy.
         self._rt.wait(caller, end)
-        if rows.count(rows[0]) == len(rows):  # equal entries: one unbind, ~40% cheaper than split
-            return out.view(len(rows), rows[0], self._width).unbind(0)
-        return out.split(rows)
+        # One op for the per-entry views: on the H200 host (torch 2.11, session 9) 32 views took
+        # 20-33 µs this way, 23-35 through `split` (a Python wrapper over it) and 26-42 through
+        # view + unbind, equal entries or not.
+        return out.split_with_sizes(rows)
 
     # -- completion ------------------------------------------------------------------------------
 
