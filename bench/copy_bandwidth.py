@@ -146,11 +146,11 @@ def scattered(num_blocks: int, rows: int, count: int, rng: random.Random) -> lis
 
 
 def aged(
-    num_blocks: int, rows: int, count: int, rng: random.Random, *, min_run: int
+    num_blocks: int, rows: int, count: int, rng: random.Random, *, row_bytes: int
 ) -> list[tuple[Extent, ...]]:
     """The tier's own table, full, aged by FIFO eviction with 5% of entries dropped out of order
     (`bench/aging.py`), then the batch reserved through it with the product's run floor."""
-    table = AgedTable(num_blocks, min_run, 0.05, rng)
+    table = AgedTable(num_blocks, -(-FLOOR_BYTES // row_bytes), 0.05, rng)
     table.age(20 * num_blocks // rows, sizes=lambda r: r.randint(max(1, rows // 4), 2 * rows))
     table.drop_share = 0.0  # the batch's own entries must all stay
     batch = [table.put(rows) for _ in range(count)]
@@ -292,7 +292,7 @@ class Bench:
             for entry, layout, batch in itertools.product(entries, layouts, args.batches):
                 rows = entry_rows(entry, row_bytes)
                 if layout == "aged":
-                    placement = aged(num_blocks, rows, batch, rng, min_run=-(-FLOOR_BYTES // row_bytes))
+                    placement = aged(num_blocks, rows, batch, rng, row_bytes=row_bytes)
                 else:
                     placement = PLACE[layout](num_blocks, rows, batch, rng)
                 self.measure(copier, check_rows, host_rows, width, entry, layout, rows, placement, gen)

@@ -30,7 +30,6 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.aging import FLOOR_BYTES  # noqa: E402
 from bench.copy_bandwidth import aged, scattered  # noqa: E402
 from ec_connector.adapters.memory import MemoryRegion  # noqa: E402
 from ec_connector.adapters.torch_copy import TorchCopier  # noqa: E402
@@ -84,7 +83,7 @@ def cases(rng: random.Random) -> list[tuple[str, int, int, list[tuple[Extent, ..
     ):
         if name.endswith("aged"):  # the tier's table, full and aged, with its run floor
             blocks = int(BATCH * rows * 2.2) + 64
-            ext = aged(blocks, rows, BATCH, rng, min_run=-(-FLOOR_BYTES // (width * 2)))
+            ext = aged(blocks, rows, BATCH, rng, row_bytes=width * 2)
         else:
             blocks = (BATCH + 8) * rows
             ext = scattered(blocks, rows, BATCH, rng)
