@@ -39,9 +39,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from ec_connector.domain.blocks import Extent  # noqa: E402
 from ec_connector.domain.cache import EntryTable  # noqa: E402
 from ec_connector.domain.config import MIN_RUN_BYTES  # noqa: E402
+from ec_connector.domain.layout import Layout  # noqa: E402
 
 MiB = 1 << 20
-FLOOR_BYTES = MIN_RUN_BYTES
 LEASE = 1e9  # saves never lapse here
 
 
@@ -114,8 +114,9 @@ def measure(
 ) -> Aging:
     """Age a table for `ops` reservations, then record the second `ops`."""
     num_blocks = region_bytes // row_bytes
-    min_run = max(1, -(-floor_bytes // row_bytes))
-    short = max(1, -(-FLOOR_BYTES // row_bytes))  # what counts as short is the default floor's length
+    layout = Layout(hidden_dim=row_bytes // 2, dtype="bfloat16", num_blocks=num_blocks)
+    min_run = layout.blocks_for(floor_bytes)
+    short = layout.blocks_for(MIN_RUN_BYTES)  # what counts as short is the default floor's length
     aged = AgedTable(num_blocks, min_run, drop_share, random.Random(row_bytes))
     aged.age(ops)
     aged.evicted = aged.for_runs = 0
@@ -145,7 +146,7 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument("--region-mib", type=int, default=2048)
     parser.add_argument(
-        "--floor-bytes", type=int, default=FLOOR_BYTES, help="the floor measured against none"
+        "--floor-bytes", type=int, default=MIN_RUN_BYTES, help="the floor measured against none"
     )
     parser.add_argument("--strict", action="store_true", help="count an entry's short remainder as well")
     args = parser.parse_args(argv)
@@ -155,7 +156,7 @@ def main(argv: list[str] | None = None) -> None:
     print(
         f"# region {args.region_mib} MiB, {ops} reservations aged then {ops} recorded; "
         f"entries 64-5,800 rows; floor {args.floor_bytes // 1024} KiB against none; "
-        f"short = under {FLOOR_BYTES // 1024} KiB"
+        f"short = under {MIN_RUN_BYTES // 1024} KiB"
     )
     print(
         f"{'row':>4} {'drops':>5} {'floor':>6} | {'runs/e':>6} {'p99':>4} {'max':>4} | {'short bytes':>11} | "

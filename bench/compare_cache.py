@@ -61,6 +61,7 @@ from vllm_baseline import BaselineUnavailable, load, version  # noqa: E402
 from ec_connector.domain.cache import EntryTable  # noqa: E402
 from ec_connector.domain.config import MIN_RUN_BYTES  # noqa: E402
 from ec_connector.domain.entries import Entry, Phase  # noqa: E402
+from ec_connector.domain.layout import Layout  # noqa: E402
 
 GiB = 1 << 30
 ROW_BYTES = 3584 * 2  # bf16 rows of a hidden-3584 model: 7 KiB
@@ -152,7 +153,8 @@ class OursSide:
 
     def __init__(self, num_blocks: int) -> None:
         # with the shipped run floor (ec_min_run_bytes' default), as the scheduler builds it
-        self.table = EntryTable(num_blocks, min_run=-(-MIN_RUN_BYTES // ROW_BYTES))
+        layout = Layout(hidden_dim=ROW_BYTES // 2, dtype="bfloat16", num_blocks=num_blocks)
+        self.table = EntryTable(num_blocks, min_run=layout.blocks_for(MIN_RUN_BYTES))
         self.phase_of = self.table.phase_of
         self.lock = threading.RLock()
         self.now = 0.0

@@ -161,7 +161,7 @@ def test_aging_bench_shows_the_run_floor_keeping_a_full_tables_entries_in_long_r
 
     args = (2048, 256 * aging.MiB)  # 2 KiB rows, a 256 MiB region
     none = aging.measure(*args, floor_bytes=0, drop_share=0.05, ops=3000, strict=False)
-    floor = aging.measure(*args, floor_bytes=aging.FLOOR_BYTES, drop_share=0.05, ops=3000, strict=False)
+    floor = aging.measure(*args, floor_bytes=aging.MIN_RUN_BYTES, drop_share=0.05, ops=3000, strict=False)
     assert statistics.mean(floor.runs) < 0.6 * statistics.mean(none.runs)
     assert statistics.mean(floor.short_share) < 0.01 < statistics.mean(none.short_share)
     assert statistics.mean(floor.occupancy) > 0.98  # what the floor costs: a little capacity
