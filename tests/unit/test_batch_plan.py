@@ -196,6 +196,28 @@ def test_touching_runs_join_and_the_split_follows_the_copy_engine_rules() -> Non
     assert plan.inline is None and plan.kernel == 17 and not plan.delta
 
 
+def short_runs_planner(host: Host, *, few_short: int = 0, short_per_copy: int = 0) -> BatchPlanner:
+    return BatchPlanner(
+        num_blocks=host.num_blocks,
+        row_bytes=ROW,
+        host_address=host.address,
+        big_rows=8,
+        few_runs=FEW,
+        mixed_min_runs=MIXED,
+        base_align=ROW | host.address,
+        few_short=few_short,
+        short_per_copy=short_per_copy,
+    )
+
+
+def save_plan(planner: BatchPlanner, batch: list[PlannedCopy]) -> BatchPlan:
+    """`planner.save` of payloads back to back in one buffer."""
+    rows = [c.rows for c in batch]
+    payloads = np.zeros(sum(rows) * ROW, dtype=np.uint8)
+    pointers = [payloads.ctypes.data + ROW * sum(rows[:i]) for i in range(len(batch))]
+    return planner.save(batch, pointers, [0] * len(batch), 1)
+
+
 def test_a_few_short_runs_beside_long_ones_go_to_the_copy_engines_when_asked() -> None:
     host = Host()
     dense = 1 << 20
@@ -205,27 +227,32 @@ def test_a_few_short_runs_beside_long_ones_go_to_the_copy_engines_when_asked() -
     ]
     split = host.planner(big_rows=8).load(batch, dense)
     assert (split.dma, split.kernel) == (17, 3)  # the default: short runs to the kernel
-    planner = BatchPlanner(
-        num_blocks=host.num_blocks,
-        row_bytes=ROW,
-        host_address=host.address,
-        big_rows=8,
-        few_runs=FEW,
-        mixed_min_runs=MIXED,
-        base_align=ROW | host.address,
-        few_short=3,
-        few_short_save=2,
-    )
+    planner = short_runs_planner(host, few_short=3)
     plan = planner.load(batch, dense)
     assert (plan.dma, plan.kernel) == (20, 0)  # 3 short runs: all to the copy engines
     assert column(plan.dma_size, 20)[-3:] == [ROW] * 3
+    assert (save_plan(planner, batch).dma, save_plan(planner, batch).kernel) == (20, 0)
     more = batch + [PlannedCopy(99, "s-last", (Extent(300, 1),), 1)]
     assert (planner.load(more, dense).dma, planner.load(more, dense).kernel) == (17, 4)
-    payloads = np.zeros(200 * ROW, dtype=np.uint8)
-    base, rows = payloads.ctypes.data, [c.rows for c in batch]
-    pointers = [base + ROW * sum(rows[:i]) for i in range(len(batch))]
-    plan = planner.save(batch, pointers, [0] * len(batch), 1)
-    assert (plan.dma, plan.kernel) == (17, 3)  # saves take at most 2
+    assert (save_plan(planner, more).dma, save_plan(planner, more).kernel) == (17, 4)
+
+
+def test_one_short_run_per_entry_beside_long_ones_goes_to_the_copy_engines_when_asked() -> None:
+    """What the run floor leaves: entries split into a long piece and a short last one."""
+    host = Host()
+    dense = 1 << 20
+    batch = [PlannedCopy(i + 1, f"e{i}", (Extent(12 * i, 8), Extent(12 * i + 10, 1)), 9) for i in range(20)]
+    planner = short_runs_planner(host, few_short=3, short_per_copy=1)
+    plan = planner.load(batch, dense)
+    assert (plan.dma, plan.kernel) == (40, 0)  # 20 short runs for 20 entries
+    assert column(plan.dma_size, 40)[:2] == [8 * ROW, ROW]
+    assert (save_plan(planner, batch).dma, save_plan(planner, batch).kernel) == (40, 0)
+    # one entry in three runs: 21 short ones for 20 entries, so the short ones go to the kernel
+    odd = [*batch[:-1], PlannedCopy(99, "odd", (Extent(300, 8), Extent(310, 1), Extent(312, 1)), 10)]
+    assert (planner.load(odd, dense).dma, planner.load(odd, dense).kernel) == (20, 21)
+    assert (save_plan(planner, odd).dma, save_plan(planner, odd).kernel) == (20, 21)
+    # without the per-entry allowance, 20 short runs are more than few_short
+    assert short_runs_planner(host, few_short=3).load(batch, dense).kernel == 20
 
 
 def test_saves_send_more_runs_wholly_to_the_copy_engines_than_loads() -> None:

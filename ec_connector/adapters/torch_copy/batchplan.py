@@ -93,8 +93,8 @@ class BatchPlanner:
     `big_rows`: runs of at least this many rows go to the copy engines (None: none do);
     `few_runs`/`mixed_min_runs`: batches of at most that many runs (or, with a long run, that many)
     go wholly to the copy engines (`few_runs_save`, if given, in place of `few_runs` for saves);
-    `few_short`: so do batches with long runs and at most that many short ones (`few_short_save`, if
-    given, for saves);
+    `few_short`/`short_per_copy`: so do batches with long runs and at most `few_short` short ones, or
+    `short_per_copy` short ones per copy of the batch where that is more;
     `base_align`: OR of the row size and the region's device address.
     """
 
@@ -110,7 +110,7 @@ class BatchPlanner:
         base_align: int,
         few_runs_save: int | None = None,
         few_short: int = 0,
-        few_short_save: int | None = None,
+        short_per_copy: int = 0,
     ) -> None:
         lib = library()
         self._plan = lib.ec_plan_batch
@@ -127,8 +127,8 @@ class BatchPlanner:
         io[IN_BIG_ROWS] = -1 if big_rows is None else big_rows
         self._few_runs_load = few_runs
         self._few_runs_save = few_runs if few_runs_save is None else few_runs_save
-        self._few_short_load = few_short
-        self._few_short_save = few_short if few_short_save is None else few_short_save
+        self._few_short = few_short
+        self._short_per_copy = short_per_copy
         io[IN_MIXED_MIN_RUNS] = mixed_min_runs
         io[IN_BASE_ALIGN] = base_align
         self._io_address = io.ctypes.data
@@ -152,7 +152,6 @@ class BatchPlanner:
         io = self._io
         io[IN_SAVE] = 1
         io[IN_FEW_RUNS] = self._few_runs_save
-        io[IN_FEW_SHORT] = self._few_short_save
         io[IN_ITEM_BYTES] = item_bytes
         return self._run(copies, array("q", pointers), array("q", offsets))
 
@@ -161,7 +160,6 @@ class BatchPlanner:
         io = self._io
         io[IN_SAVE] = 0
         io[IN_FEW_RUNS] = self._few_runs_load
-        io[IN_FEW_SHORT] = self._few_short_load
         io[IN_DENSE] = dense
         return self._run(copies, None, None)
 
@@ -175,6 +173,7 @@ class BatchPlanner:
         counts = array("q", [len(p) >> 4 for p in packs])
         io = self._io
         io[IN_COPIES] = len(copies)
+        io[IN_FEW_SHORT] = max(self._few_short, self._short_per_copy * len(copies))
         io[IN_RUNS] = n_runs
         err = self._plan(
             self._io_address,

@@ -23,10 +23,12 @@ class TorchCopier:
     `device` is "cpu" or a CUDA device. Payloads must be on that device; non-contiguous payloads are
     copied to a contiguous tensor first. CUDA options (ignored on CPU): `streams` per direction;
     runs of at least `dma_min_bytes`, and every run of a load of at most four runs, of a save of at
-    most sixteen, or of a batch of at most sixteen with a long one, go to the copy engines (None:
-    none do); the other runs to the copy kernel, whose tiles `tile_bytes` and `num_warps` size,
-    alongside. Close the copier before its region: it holds a view of the region's memory (and, on
-    CUDA, a registration) until `close()`.
+    most sixteen, or of a batch with a long one and at most sixteen runs, or at most sixteen short
+    ones or one short one per entry, go to the copy engines (None: none do); the other runs to the
+    copy kernel, whose tiles `tile_bytes` and `num_warps` size, alongside. Close the copier before
+    its region: it holds a view of the region's memory (and, on CUDA, a registration) until
+    `close()`. Not thread-safe: its callers serialize their calls (`TierWorker` makes every call
+    under one lock).
     """
 
     def __init__(

@@ -47,14 +47,20 @@ FEW_RUNS_SAVE = 16
 # sat on top of the copies (a 2 MiB entry of 32 KiB rows in 8 runs of 1-16 rows: 0.54x memcpy mixed,
 # 0.81x on the copy engines alone).
 MIXED_MIN_RUNS = 16
-# A save batch of long runs with at most this many short ones goes wholly to the copy engines too:
-# each short run then costs a device-to-host descriptor (~1 µs) instead of the kernel's launch and
-# the join of two streams. H200, session 9 (aged layouts, batch 32): host time of 1 MiB entries of
-# 7 KiB rows 106 -> 87 µs, of 8 MiB 147 -> 121; ratios unchanged or higher. Loads keep 0: with
-# short host-to-device copies in the batch, loads of 512 MiB batches took ~2.3 ms of host time in
-# the driver call (against ~0.45 ms), at 4, 8 and 16 alike.
-FEW_SHORT_SAVE = 16
-FEW_SHORT_LOAD = 0
+# A batch of long runs with at most this many short ones, or one short one per entry where that is
+# more (what the tier's run floor leaves: the last piece of a split entry, or an entry under the
+# floor), goes wholly to the copy engines too: each short run then costs a descriptor instead of the
+# kernel's launch and the join of two streams. Loads take it with their sources read out of stream
+# order (`source_settled`): in stream order, short host-to-device copies behind long ones held the
+# driver call for ~2.3 ms in batches of 512 MiB (session 9), and a raw probe of such batches took
+# 1.3-1.5x the host time of the out-of-order read (session 10). H200, session 10,
+# `bench/copy_short_runs.py` (batches of 32 on the tier's aged layout, rules in turn call by call):
+# host time (p10) of loads 117-327 -> 77-205 µs and of saves 104-320 -> 81-196 against every short
+# run on the kernel, gated device time equal or lower (0.90-0.99x memcpy -> 0.94-1.06x). Layouts of
+# many short runs (no run floor) stay mixed: wholly on the copy engines, 32 entries of 16 MiB of
+# 32 KiB rows in runs of 1-16 rows took 1.0-1.1 ms of host time against 0.7-0.8.
+FEW_SHORT = 16
+SHORT_PER_COPY = 1
 
 _data_ptr: Callable[[torch.Tensor], int] = torch.Tensor.data_ptr  # type: ignore[assignment]
 _storage_offset: Callable[[torch.Tensor], int] = torch.Tensor.storage_offset  # type: ignore[assignment]
@@ -137,8 +143,8 @@ class CudaEngine:
             few_runs=FEW_RUNS,
             few_runs_save=FEW_RUNS_SAVE,
             mixed_min_runs=MIXED_MIN_RUNS,
-            few_short=FEW_SHORT_LOAD,
-            few_short_save=FEW_SHORT_SAVE,
+            few_short=FEW_SHORT,
+            short_per_copy=SHORT_PER_COPY,
             base_align=self._base_align,
         )
         if self._planner.inline_runs != kernels.INLINE_RUNS:  # pragma: no cover - a build mismatch
@@ -277,7 +283,9 @@ class CudaEngine:
             fire(stream)
         if plan.dma:
             on = stream if side is None else side.cuda_stream
-            rt.memcpy_batch(plan.dma_dst, plan.dma_src, plan.dma_size, plan.dma, on)
+            # a load reads region blocks of committed entries, which nothing writes while the
+            # scheduler's lease holds them; a save reads payloads the caller's stream produced
+            rt.memcpy_batch(plan.dma_dst, plan.dma_src, plan.dma_size, plan.dma, on, source_settled=not save)
         if side is not None:
             rt.record(self._join, side.cuda_stream)
             rt.wait(stream, self._join)
