@@ -36,7 +36,7 @@ from typing import Any, TypedDict
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tests.fault.conftest import ConsumerSide, ProducerProcess  # noqa: E402
+from tests.fault.harness import ConsumerSide, ProducerProcess  # noqa: E402
 from tests.fault.peer_producer import payload  # noqa: E402
 
 

@@ -23,7 +23,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from tests.fault.conftest import ConsumerSide  # noqa: E402
+from tests.fault.harness import ConsumerSide  # noqa: E402
 from tests.fault.peer_producer import payload, reply, reply_channel_setup  # noqa: E402
 
 
@@ -44,6 +44,9 @@ class RunOnOk:
             self.fired = True
             subprocess.run(self._command, shell=True, check=True)
         return replies
+
+    def close(self) -> None:
+        self._inner.close()
 
     def restore(self) -> None:
         self._side.fetcher._control = self._inner

@@ -26,11 +26,13 @@ import os
 import sys
 import time
 from pathlib import Path
+from typing import TextIO
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import torch  # noqa: E402
 
+from ec_connector.adapters.zmq_control import ZmqControlServer  # noqa: E402
 from ec_connector.container import build_container  # noqa: E402
 
 HIDDEN = 64
@@ -44,12 +46,13 @@ def payload(key: str, rows: int) -> bytes:
     return hashlib.shake_256(key.encode()).digest(rows * HIDDEN * 2)
 
 
-_replies = None
+_replies: TextIO | None = None
 
 
 def reply(body: object) -> None:
     """One reply line on the process's original stdout, which carries nothing else (see main)."""
     reply_channel_setup()
+    assert _replies is not None
     _replies.write("@@ " + json.dumps(body) + "\n")
     _replies.flush()
 
@@ -74,7 +77,9 @@ class Producer:
         self.scheduler = self.container.tier_scheduler()
         self.worker = self.container.tier_worker()
         self.desk = self.container.producer_desk()
-        self.server = self.container.control_server()
+        server = self.container.control_server()
+        assert isinstance(server, ZmqControlServer)  # its counters go into "state"
+        self.server = server
         self.server.start(self.desk.answer, self.desk.done)
         self.held: dict[str, object] = {}
 
@@ -96,7 +101,7 @@ class Producer:
         while time.monotonic() < deadline:
             self.scheduler.poll()
             with self.scheduler.lock:
-                if all(table.get(k) is None or table.get(k).is_ready for k in keys):
+                if all((e := table.get(k)) is None or e.is_ready for k in keys):
                     return
             time.sleep(0.002)
 

@@ -14,9 +14,9 @@ import pytest
 
 from ec_connector.adapters.zmq_control import Heartbeat
 
-from .conftest import CONSUMER_EXTRA, ConsumerSide, needs_nixl
+from .harness import CONSUMER_EXTRA, HAVE_NIXL, NO_NIXL, ConsumerSide
 
-pytestmark = needs_nixl
+pytestmark = pytest.mark.skipif(not HAVE_NIXL, reason=NO_NIXL)
 
 ACK_BOUND = CONSUMER_EXTRA["consumer_ack_timeout_s"]
 READ_BOUND = ACK_BOUND + CONSUMER_EXTRA["read_timeout_s"]
@@ -322,6 +322,7 @@ def test_hostile_frames_and_unauthenticated_peers_are_dropped_and_real_requests_
     def sealed(payload: bytes) -> list[bytes]:
         return [payload, sealer.seal(REQUEST, payload)]
 
+    replay = sealed(good)
     hostile = {
         "garbage": sealed(b"\xc1\xc1 not msgpack"),
         "truncated": sealed(good[:-3]),
@@ -329,10 +330,8 @@ def test_hostile_frames_and_unauthenticated_peers_are_dropped_and_real_requests_
         "oversized": sealed(b"\x00" * (MAX_FRAME_BYTES + 1)),
         "unauthenticated": [good],
         "wrong secret": [good, FrameAuth("guess").seal(REQUEST, good)],
-        "replayed": None,  # filled below
+        "replayed": replay,  # sent once first, below
     }
-    replay = sealed(good)
-    hostile["replayed"] = replay
     ctx = zmq.Context()
     try:
         sock = ctx.socket(zmq.DEALER)

@@ -19,9 +19,9 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import CONSUMER_EXTRA, PYTHON, DrivenProcess, ProducerProcess, needs_nixl
+from .harness import CONSUMER_EXTRA, HAVE_NIXL, NO_NIXL, PYTHON, DrivenProcess, ProducerProcess
 
-pytestmark = [needs_nixl, pytest.mark.fault_long]
+pytestmark = [pytest.mark.skipif(not HAVE_NIXL, reason=NO_NIXL), pytest.mark.fault_long]
 
 PRODUCER_IP, CONSUMER_IP = "10.231.7.1", "10.231.7.2"
 READ_BOUND = CONSUMER_EXTRA["consumer_ack_timeout_s"] + CONSUMER_EXTRA["read_timeout_s"]
