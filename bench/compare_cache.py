@@ -54,10 +54,8 @@ from pathlib import Path
 from typing import Any, cast
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from vllm_baseline import BaselineUnavailable, load, version  # noqa: E402
-
+from bench.vllm_baseline import BaselineUnavailable, load, version  # noqa: E402
 from ec_connector.domain.cache import EntryTable  # noqa: E402
 from ec_connector.domain.config import MIN_RUN_BYTES  # noqa: E402
 from ec_connector.domain.entries import Entry, Phase  # noqa: E402

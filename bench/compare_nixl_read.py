@@ -43,9 +43,8 @@ from typing import Any
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from vllm_baseline import BaselineUnavailable, load  # noqa: E402
+from bench.vllm_baseline import BaselineUnavailable, load  # noqa: E402
 
 MiB = 1 << 20
 ROW = 7168  # bf16, hidden 3584: the rows of bench/compare_p2p.py

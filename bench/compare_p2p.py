@@ -57,9 +57,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, cast
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from vllm_baseline import BaselineUnavailable, load, version, vllm_root  # noqa: E402
+from bench.vllm_baseline import BaselineUnavailable, load, version, vllm_root  # noqa: E402
 
 if TYPE_CHECKING:  # for mypy only: the functions below import ec_connector where they run
     from ec_connector.container import Container
