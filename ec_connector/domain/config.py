@@ -242,8 +242,25 @@ def parse_config(extra: object, *, role: object) -> ConnectorConfig:
 
 @dataclass(frozen=True, slots=True)
 class SideChannel:
+    """Where a producer's control server listens; port 0: any free port (it advertises the one it got)."""
+
     host: str = DEFAULT_SIDE_CHANNEL_HOST
     port: int = DEFAULT_SIDE_CHANNEL_PORT
+
+    def for_rank(self, dp_rank: int) -> SideChannel:
+        """The channel of data-parallel rank `dp_rank`: each rank's scheduler runs its own server, at
+        port + rank (as vLLM's NIXL KV connector offsets its side channel), so that the ranks of one
+        host do not collide; port 0 stays 0."""
+        if self.port == 0:
+            return self
+        port = self.port + dp_rank
+        if port > 65535:
+            raise ConfigError(
+                f"VLLM_EC_SIDE_CHANNEL_PORT = {self.port} puts data-parallel rank {dp_rank} at port "
+                f"{port}, past 65535: each rank listens at port + rank; lower the port, or set 0 for "
+                "any free port"
+            )
+        return SideChannel(self.host, port)
 
 
 def side_channel_from_env(environ: Mapping[str, str]) -> SideChannel:
@@ -253,8 +270,9 @@ def side_channel_from_env(environ: Mapping[str, str]) -> SideChannel:
         raise ConfigError("VLLM_EC_SIDE_CHANNEL_HOST is empty: expected a host name or address")
     raw_port = environ.get("VLLM_EC_SIDE_CHANNEL_PORT", str(DEFAULT_SIDE_CHANNEL_PORT))
     port = int(raw_port) if raw_port.isascii() and raw_port.isdigit() else -1
-    if not 0 < port < 65536:
+    if not 0 <= port < 65536:
         raise ConfigError(
-            f"VLLM_EC_SIDE_CHANNEL_PORT = {raw_port!r} is invalid: expected an integer port 1-65535"
+            f"VLLM_EC_SIDE_CHANNEL_PORT = {raw_port!r} is invalid: expected an integer port 0-65535 "
+            "(0: any free port)"
         )
     return SideChannel(host, port)

@@ -15,7 +15,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -30,12 +29,6 @@ pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
 WORKLOAD = [[0], [1], [2, 3], [0, 4]]
 METADATA_ONLY = 1  # the pair's consumer sends this request without its image, only the item's metadata
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def connector(role: str, engine_id: str) -> dict:
@@ -53,7 +46,7 @@ def connector(role: str, engine_id: str) -> dict:
     }
 
 
-def engine_env(port: int) -> dict[str, str]:
+def engine_env() -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     env.update(
         PYTHONPATH=str(ENGINE_DIR),
@@ -64,13 +57,12 @@ def engine_env(port: int) -> dict[str, str]:
         VLLM_NO_USAGE_STATS="1",
         TOKENIZERS_PARALLELISM="false",
         VLLM_EC_SIDE_CHANNEL_HOST="127.0.0.1",
-        VLLM_EC_SIDE_CHANNEL_PORT=str(port),
+        VLLM_EC_SIDE_CHANNEL_PORT="0",  # any free port: the producer advertises the one it got
     )
     return env
 
 
 def run_pair(python: Path, model: Path, work: Path, *, stop_producer_first: bool = False) -> dict:
-    port = free_port()
     ids = {"producer": f"e-{uuid.uuid4().hex[:6]}", "consumer": f"pd-{uuid.uuid4().hex[:6]}"}
     script = str(ENGINE_DIR / "p2p.py")
     for role in ids:
@@ -80,7 +72,7 @@ def run_pair(python: Path, model: Path, work: Path, *, stop_producer_first: bool
         (work / f"{role}.cfg.json").write_text(json.dumps(cfg))
     producer = subprocess.Popen(
         [str(python), script, "producer", str(model), str(work), str(work / "producer.cfg.json")],
-        env=engine_env(port),
+        env=engine_env(),
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
@@ -96,7 +88,7 @@ def run_pair(python: Path, model: Path, work: Path, *, stop_producer_first: bool
             producer.wait(timeout=120)
         consumer = subprocess.run(
             [str(python), script, "consumer", str(model), str(work), str(work / "consumer.cfg.json")],
-            env=engine_env(port),
+            env=engine_env(),
             capture_output=True,
             text=True,
             timeout=600,
@@ -288,7 +280,7 @@ def faults(vllm_python, tiny_vlm_dir, tmp_path_factory, pair) -> dict:
             str(work),
             str(work / "faults.cfg.json"),
         ],
-        env=engine_env(free_port()),
+        env=engine_env(),
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,

@@ -441,17 +441,37 @@ def test_side_channel_reads_host_and_port():
     assert side_channel_from_env(env) == SideChannel("10.1.2.3", 6000)
 
 
-@pytest.mark.parametrize("port", ["1", "65535"])
+@pytest.mark.parametrize("port", ["0", "1", "65535"])
 def test_side_channel_accepts_the_port_range_ends(port):
     assert side_channel_from_env({"VLLM_EC_SIDE_CHANNEL_PORT": port}).port == int(port)
 
 
-@pytest.mark.parametrize(
-    "port", ["abc", "0", "70000", "65536", "-1", "", "56.01", " 6000 ", "5_601", "６０００"]
-)
+@pytest.mark.parametrize("port", ["abc", "70000", "65536", "-1", "", "56.01", " 6000 ", "5_601", "６０００"])
 def test_bad_side_channel_port_is_rejected(port):
-    with _rejects(f"VLLM_EC_SIDE_CHANNEL_PORT = {port!r} is invalid: expected an integer port 1-65535"):
+    with _rejects(
+        f"VLLM_EC_SIDE_CHANNEL_PORT = {port!r} is invalid: "
+        "expected an integer port 0-65535 (0: any free port)"
+    ):
         side_channel_from_env({"VLLM_EC_SIDE_CHANNEL_PORT": port})
+
+
+def test_each_data_parallel_rank_listens_at_port_plus_rank():
+    channel = SideChannel("10.1.2.3", 6000)
+    assert channel.for_rank(0) == channel
+    assert channel.for_rank(3) == SideChannel("10.1.2.3", 6003)
+
+
+def test_port_zero_stays_any_free_port_on_every_rank():
+    assert SideChannel("h", 0).for_rank(5) == SideChannel("h", 0)
+
+
+def test_a_rank_past_the_last_port_is_rejected():
+    assert SideChannel("h", 65534).for_rank(1).port == 65535
+    with _rejects(
+        "VLLM_EC_SIDE_CHANNEL_PORT = 65534 puts data-parallel rank 2 at port 65536, past 65535: each "
+        "rank listens at port + rank; lower the port, or set 0 for any free port"
+    ):
+        SideChannel("h", 65534).for_rank(2)
 
 
 @pytest.mark.parametrize("host", ["", "   "])

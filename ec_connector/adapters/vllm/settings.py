@@ -48,6 +48,7 @@ def base_settings(vllm_config: Any) -> dict[str, Any]:
     extra = ec.ec_connector_extra_config
     hidden, dtype = encoder_row(vllm_config)
     ranks = parallel_ranks(vllm_config)
+    dp_rank = vllm_config.parallel_config.data_parallel_rank
     p2p: dict[str, Any] = {}
     config = parse_config(extra, role=ec.ec_role)
     if config.enable_nixl:
@@ -60,14 +61,14 @@ def base_settings(vllm_config: Any) -> dict[str, Any]:
             block_size_bytes=hidden * DTYPE_ITEMSIZE[dtype],
         )
         if config.role.saves:
-            side = side_channel_from_env(os.environ)
+            side = side_channel_from_env(os.environ).for_rank(dp_rank)
             p2p.update(side_host=side.host, side_port=side.port)
     return {
         **p2p,
         "role": ec.ec_role,
         "extra": dict(extra) if isinstance(extra, dict) else extra,
         "instance": ec.engine_id,
-        "dp_rank": vllm_config.parallel_config.data_parallel_rank,
+        "dp_rank": dp_rank,
         "hidden_dim": hidden,
         "dtype": dtype,
         "ranks": ranks,
