@@ -32,7 +32,7 @@ from ec_connector.application import TierScheduler, TierWorker
 from ec_connector.application.consumer import ConsumerFetcher
 from ec_connector.application.producer import ProducerDesk
 from ec_connector.application.stats import PeerStats
-from ec_connector.domain.config import ConnectorConfig, Role, parse_config
+from ec_connector.domain.config import ConnectorConfig, Role, endpoint_for_rank, parse_config
 from ec_connector.domain.layout import Layout
 from ec_connector.ports.control import ControlClient, ControlServer
 from ec_connector.ports.copier import Copier
@@ -139,14 +139,15 @@ def _control_client(config: ConnectorConfig) -> Iterator[ControlClient]:
         client.close()
 
 
-def _event_sink(config: ConnectorConfig) -> Iterator[EventSink]:
-    """The event feed at `event_feed_address` when set (imports zmq), else debug log lines."""
+def _event_sink(config: ConnectorConfig, dp_rank: int) -> Iterator[EventSink]:
+    """The event feed at `event_feed_address` (offset per data-parallel rank) when set (imports
+    zmq), else debug log lines."""
     if config.event_feed_address is None:
         yield LogEventSink()
         return
     from ec_connector.adapters.zmq_control.events import ZmqEventSink
 
-    sink = ZmqEventSink(config.event_feed_address)
+    sink = ZmqEventSink(endpoint_for_rank(config.event_feed_address, dp_rank))
     try:
         yield sink
     finally:
@@ -170,7 +171,7 @@ class Container(containers.DeclarativeContainer):
         _layout, connector_config, hidden_dim=settings.hidden_dim, dtype=settings.dtype
     )
     clock = providers.Singleton(SystemClock)
-    events = providers.Resource(_event_sink, connector_config)
+    events = providers.Resource(_event_sink, connector_config, settings.dp_rank)
 
     region = providers.Selector(
         settings.tier,

@@ -263,6 +263,27 @@ class SideChannel:
         return SideChannel(self.host, port)
 
 
+def endpoint_for_rank(address: str, dp_rank: int) -> str:
+    """The event feed endpoint of data-parallel rank `dp_rank`: each rank's scheduler publishes its
+    own feed, so rank r > 0 binds a tcp port + r (port 0 or "*" stays: any free port) or, for other
+    transports (ipc, inproc), the address with "_dp{r}" appended (vLLM's KV event publisher offsets
+    its endpoint the same way)."""
+    if dp_rank == 0:
+        return address
+    if address.startswith("tcp://"):
+        base, _, port = address.rpartition(":")
+        if not port.isdigit() or int(port) == 0:
+            return address
+        if int(port) + dp_rank > 65535:
+            raise ConfigError(
+                f"ec_connector_extra_config['event_feed_address'] = {address!r} puts data-parallel rank "
+                f"{dp_rank} at port {int(port) + dp_rank}, past 65535: each rank binds port + rank; "
+                "lower the port"
+            )
+        return f"{base}:{int(port) + dp_rank}"
+    return f"{address}_dp{dp_rank}"
+
+
 def side_channel_from_env(environ: Mapping[str, str]) -> SideChannel:
     """VLLM_EC_SIDE_CHANNEL_HOST / _PORT, read by producers (and ec_both) with NIXL on."""
     host = environ.get("VLLM_EC_SIDE_CHANNEL_HOST", DEFAULT_SIDE_CHANNEL_HOST).strip()

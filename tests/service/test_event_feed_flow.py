@@ -158,6 +158,27 @@ def test_without_an_address_the_container_keeps_the_log_sink_and_with_one_publis
     assert sink.published == published
 
 
+def test_the_data_parallel_ranks_of_one_engine_each_bind_their_own_feed(tmp_path):
+    from ec_connector.container import build_container
+
+    address = f"ipc://{tmp_path}/feed"
+    extra = {"ec_cpu_bytes": 4096, "event_feed_address": address}
+    settings = dict(role="ec_both", tier="memory", device="memory", hidden_dim=4, dtype="bfloat16")
+    ranks = [build_container(extra=extra, dp_rank=r, **settings) for r in (0, 1)]
+    try:
+        sinks = [c.events() for c in ranks]  # both bound at once: they used to collide on one address
+        assert [s.address for s in sinks] == [address, f"{address}_dp1"]
+        feed = Feed(sinks[1])
+        try:
+            ranks[1].tier_scheduler().publish_event(EventKind.EVICTED, "img-r1", 1)
+            assert feed.next().mm_hash == "img-r1"
+        finally:
+            feed.close()
+    finally:
+        for container in ranks:
+            container.shutdown_resources()
+
+
 def test_the_subscriber_example_prints_events_and_drops_evicted_params():
     import select
     import signal

@@ -12,6 +12,7 @@ from ec_connector.domain.config import (
     ConnectorConfig,
     Role,
     SideChannel,
+    endpoint_for_rank,
     parse_config,
     side_channel_from_env,
 )
@@ -453,6 +454,32 @@ def test_bad_side_channel_port_is_rejected(port):
         "expected an integer port 0-65535 (0: any free port)"
     ):
         side_channel_from_env({"VLLM_EC_SIDE_CHANNEL_PORT": port})
+
+
+@pytest.mark.parametrize(
+    ("address", "rank", "expected"),
+    [
+        ("tcp://127.0.0.1:5610", 0, "tcp://127.0.0.1:5610"),
+        ("tcp://127.0.0.1:5610", 3, "tcp://127.0.0.1:5613"),
+        ("tcp://*:5610", 1, "tcp://*:5611"),
+        ("tcp://[::1]:5610", 2, "tcp://[::1]:5612"),
+        ("tcp://127.0.0.1:0", 2, "tcp://127.0.0.1:0"),
+        ("tcp://127.0.0.1:*", 2, "tcp://127.0.0.1:*"),
+        ("ipc:///tmp/ec_events", 0, "ipc:///tmp/ec_events"),
+        ("ipc:///tmp/ec_events", 2, "ipc:///tmp/ec_events_dp2"),
+        ("inproc://feed", 1, "inproc://feed_dp1"),
+    ],
+)
+def test_each_data_parallel_rank_publishes_its_own_event_feed(address, rank, expected):
+    assert endpoint_for_rank(address, rank) == expected
+
+
+def test_an_event_feed_rank_past_the_last_port_is_rejected():
+    with _rejects(
+        "ec_connector_extra_config['event_feed_address'] = 'tcp://h:65535' puts data-parallel rank 1 "
+        "at port 65536, past 65535: each rank binds port + rank; lower the port"
+    ):
+        endpoint_for_rank("tcp://h:65535", 1)
 
 
 def test_each_data_parallel_rank_listens_at_port_plus_rank():
