@@ -42,13 +42,22 @@ def parallel_ranks(vllm_config: Any) -> int:
     return parallel.tensor_parallel_size * pcp
 
 
+def data_parallel_index(vllm_config: Any) -> int:
+    """This engine's data-parallel rank. With data parallelism over a dense model (most VLMs) vLLM
+    runs the ranks as independent engines and resets `data_parallel_rank` to 0 in each; the distinct
+    rank stays in `data_parallel_index` (vLLM's own per-rank ports and event endpoints use it). Each
+    rank needs its own region, NIXL agent, side-channel port and event feed."""
+    parallel = vllm_config.parallel_config
+    return int(getattr(parallel, "data_parallel_index", parallel.data_parallel_rank))
+
+
 def base_settings(vllm_config: Any) -> dict[str, Any]:
     """Settings shared by the scheduler side and the worker side of one instance."""
     ec = vllm_config.ec_transfer_config
     extra = ec.ec_connector_extra_config
     hidden, dtype = encoder_row(vllm_config)
     ranks = parallel_ranks(vllm_config)
-    dp_rank = vllm_config.parallel_config.data_parallel_rank
+    dp_rank = data_parallel_index(vllm_config)
     p2p: dict[str, Any] = {}
     config = parse_config(extra, role=ec.ec_role)
     if config.enable_nixl:
