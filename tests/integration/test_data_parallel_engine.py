@@ -25,7 +25,7 @@ from ec_connector.adapters.zmq_control.events import decode_event
 from ec_connector.domain.transfers import EventKind
 
 from .test_local_tier_engine import region_files
-from .test_metrics_engine import SIZES, START_LIMIT_S, chat, free_port, png
+from .test_metrics_engine import SIZES, START_LIMIT_S, chat, free_port, png, scrape
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
@@ -106,6 +106,10 @@ def test_each_data_parallel_rank_of_a_dense_producer_has_its_own_tier(vllm_pytho
                 if event.kind is EventKind.STORED:
                     stored.append(event.mm_hash)
         assert len(set(stored)) == REQUESTS, stored  # each request's image stored on the rank that served it
+        # /metrics: one series per rank (vLLM's `engine` label), the saves adding up to the requests
+        metrics = scrape(port)
+        saves = {dict(ls)["engine"]: v for (n, ls), v in metrics.items() if n == "vllm:ec_tier_saves_total"}
+        assert sorted(saves) == ["0", "1"] and sum(saves.values()) == REQUESTS, saves
     finally:
         for sub in subs:
             sub.close(linger=0)
