@@ -8,14 +8,8 @@ no region file behind after shutdown.
 
 from __future__ import annotations
 
-import json
-import os
 import re
-import signal
-import subprocess
-import sys
 import time
-import urllib.request
 import uuid
 
 import pytest
@@ -24,8 +18,9 @@ import zmq
 from ec_connector.adapters.zmq_control.events import decode_event
 from ec_connector.domain.transfers import EventKind
 
+from .openai_server import running_server, server_command, server_env
 from .test_local_tier_engine import region_files
-from .test_metrics_engine import SIZES, START_LIMIT_S, chat, free_port, png, scrape
+from .test_metrics_engine import SIZES, chat, free_port, png, scrape
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
@@ -47,25 +42,10 @@ def test_each_data_parallel_rank_of_a_dense_producer_has_its_own_tier(vllm_pytho
         },
     }
     port = free_port()
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    env.update(
-        VLLM_CPU_KVCACHE_SPACE="1",
-        HF_HUB_OFFLINE="1",
-        TRANSFORMERS_OFFLINE="1",
-        VLLM_NO_USAGE_STATS="1",
-        TOKENIZERS_PARALLELISM="false",
-        VLLM_EC_SIDE_CHANNEL_HOST="127.0.0.1",
-        VLLM_EC_SIDE_CHANNEL_PORT="0",  # each rank: any free port
-    )
-    cmd = [
-        str(vllm_python), "-m", "vllm.entrypoints.openai.api_server", "--model", str(tiny_vlm_dir),
-        "--served-model-name", "tiny", "--host", "127.0.0.1", "--port", str(port),
-        "--dtype", "bfloat16", "--max-model-len", "512", "--max-num-seqs", "2", "--seed", "0",
-        "--enforce-eager", "--no-enable-prefix-caching", "--limit-mm-per-prompt", json.dumps({"image": 1}),
-        "--data-parallel-size", "2", "--ec-transfer-config", json.dumps(config),
-    ]  # fmt: skip
+    # each rank's side channel on any free port
+    env = server_env(VLLM_EC_SIDE_CHANNEL_HOST="127.0.0.1", VLLM_EC_SIDE_CHANNEL_PORT="0")
+    cmd = server_command(vllm_python, tiny_vlm_dir, port, config, "--data-parallel-size", "2")
     log = tmp_path / "server.log"
-    proc = subprocess.Popen(cmd, env=env, cwd=tmp_path, stdout=log.open("w"), stderr=subprocess.STDOUT)
     ctx = zmq.Context()
     subs = []
     for address in (feed, f"{feed}_dp1"):
@@ -74,52 +54,38 @@ def test_each_data_parallel_rank_of_a_dense_producer_has_its_own_tier(vllm_pytho
         sub.setsockopt(zmq.SUBSCRIBE, b"ec.")
         subs.append(sub)
     try:
-        deadline = time.monotonic() + START_LIMIT_S
-        while True:
-            if proc.poll() is not None:
-                sys.stderr.write(log.read_text()[-20000:])
-                pytest.fail(f"vllm serve --data-parallel-size 2 exited with {proc.returncode}")
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2):
-                    break
-            except OSError:
-                if time.monotonic() > deadline:
-                    sys.stderr.write(log.read_text()[-20000:])
-                    pytest.fail(f"vllm serve not ready after {START_LIMIT_S} s")
-                time.sleep(1)
-        text = log.read_text()
-        regions = sorted(set(re.findall(rf"path=\S*(vllm_ec_{engine_id}_dp\d)\.mmap", text)))
-        agents = sorted(set(re.findall(rf"event=nixl_agent_started agent=({engine_id}_dp\d)", text)))
-        ports = set(re.findall(r"event=control_server_started host=127\.0\.0\.1 port=(\d+)", text))
-        feeds = sorted(set(re.findall(r"event=event_feed_bound address=(\S+)", text)))
-        assert regions == [f"vllm_ec_{engine_id}_dp0", f"vllm_ec_{engine_id}_dp1"], regions
-        assert agents == [f"{engine_id}_dp0", f"{engine_id}_dp1"], agents
-        assert len(ports) == 2, ports
-        assert feeds == [feed, f"{feed}_dp1"], feeds
-        time.sleep(0.5)  # the SUB sockets connected before the ranks bound; let them join
-        answers = [chat(port, png(100 + i, SIZES[i % len(SIZES)])) for i in range(REQUESTS)]
-        assert all(a["choices"][0]["message"]["content"] is not None for a in answers)
-        stored = []
-        for sub in subs:
-            while sub.poll(2000):
-                event = decode_event(sub.recv_multipart())
-                if event.kind is EventKind.STORED:
-                    stored.append(event.mm_hash)
-        assert len(set(stored)) == REQUESTS, stored  # each request's image stored on the rank that served it
-        # /metrics: one series per rank (vLLM's `engine` label), the saves adding up to the requests
-        metrics = scrape(port)
-        saves = {dict(ls)["engine"]: v for (n, ls), v in metrics.items() if n == "vllm:ec_tier_saves_total"}
-        assert sorted(saves) == ["0", "1"] and sum(saves.values()) == REQUESTS, saves
+        with running_server(cmd, env, log, port):
+            text = log.read_text()
+            regions = sorted(set(re.findall(rf"path=\S*(vllm_ec_{engine_id}_dp\d)\.mmap", text)))
+            agents = sorted(set(re.findall(rf"event=nixl_agent_started agent=({engine_id}_dp\d)", text)))
+            ports = set(re.findall(r"event=control_server_started host=127\.0\.0\.1 port=(\d+)", text))
+            feeds = sorted(set(re.findall(r"event=event_feed_bound address=(\S+)", text)))
+            assert regions == [f"vllm_ec_{engine_id}_dp0", f"vllm_ec_{engine_id}_dp1"], regions
+            assert agents == [f"{engine_id}_dp0", f"{engine_id}_dp1"], agents
+            assert len(ports) == 2, ports
+            assert feeds == [feed, f"{feed}_dp1"], feeds
+            time.sleep(0.5)  # the SUB sockets connected before the ranks bound; let them join
+            answers = [chat(port, png(100 + i, SIZES[i % len(SIZES)])) for i in range(REQUESTS)]
+            assert all(a["choices"][0]["message"]["content"] is not None for a in answers)
+            stored = []
+            for sub in subs:
+                while sub.poll(2000):
+                    event = decode_event(sub.recv_multipart())
+                    if event.kind is EventKind.STORED:
+                        stored.append(event.mm_hash)
+            assert len(set(stored)) == REQUESTS, (
+                stored
+            )  # each request's image stored on the rank that served it
+            # /metrics: one series per rank (vLLM's `engine` label), the saves adding up to the requests
+            metrics = scrape(port)
+            saves = {
+                dict(ls)["engine"]: v for (n, ls), v in metrics.items() if n == "vllm:ec_tier_saves_total"
+            }
+            assert sorted(saves) == ["0", "1"] and sum(saves.values()) == REQUESTS, saves
     finally:
         for sub in subs:
             sub.close(linger=0)
         ctx.term()
-        proc.send_signal(signal.SIGINT)
-        try:
-            proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
     assert region_files(engine_id) == []
     # vLLM's own DP shutdown force-kills its engine cores and logs an EngineDeadError traceback; no
     # traceback may pass through our code, and none of our log lines may be an error

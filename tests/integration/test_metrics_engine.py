@@ -14,14 +14,10 @@ run implies; a SUB socket on the feed sees the engine's stored and evicted event
 from __future__ import annotations
 
 import json
-import os
 import random
 import re
-import signal
 import socket
 import struct
-import subprocess
-import sys
 import time
 import urllib.request
 import uuid
@@ -35,6 +31,8 @@ import zmq
 from ec_connector.adapters.zmq_control.events import decode_event
 from ec_connector.domain.transfers import EventKind
 
+from .openai_server import running_server, server_command, server_env
+
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -42,7 +40,7 @@ ENGINE_DIR = Path(__file__).parent / "engine"
 DOCS = ROOT / "docs" / "metrics.md"
 SIZES = [(100, 80), (112, 112), (56, 56), (84, 112), (112, 56)]
 WORKLOAD = [0, 1, 0, 2, 1, 3, 4, 0, 2, 3, 1, 0]  # one image per request
-START_LIMIT_S = 600
+BOTH_LABELS = ("model_name", "engine")  # on every series: left out of the printout
 CPU_BYTES = 10 << 10  # ~40 rows: fewer than the 5 images need, so older entries are evicted
 
 
@@ -141,67 +139,41 @@ def server(vllm_python, tiny_vlm_dir, tmp_path_factory) -> Iterator[dict]:
         "encoder_cache_manager_cls": "local_tier.SmallEncoderCache",
         "manager_config": {"cache_size": 16},
     }
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    env.update(
-        PYTHONPATH=str(ENGINE_DIR),
-        VLLM_CPU_KVCACHE_SPACE="1",
-        HF_HUB_OFFLINE="1",
-        TRANSFORMERS_OFFLINE="1",
-        VLLM_NO_USAGE_STATS="1",
-        TOKENIZERS_PARALLELISM="false",
+    env = server_env(PYTHONPATH=str(ENGINE_DIR))
+    cmd = server_command(
+        vllm_python, tiny_vlm_dir, port, config, "--ec-manager-config", json.dumps(small_cache)
     )
-    cmd = [
-        str(vllm_python), "-m", "vllm.entrypoints.openai.api_server", "--model", str(tiny_vlm_dir),
-        "--served-model-name", "tiny", "--host", "127.0.0.1", "--port", str(port),
-        "--dtype", "bfloat16", "--max-model-len", "512", "--max-num-seqs", "2", "--seed", "0",
-        "--enforce-eager", "--no-enable-prefix-caching", "--limit-mm-per-prompt", json.dumps({"image": 1}),
-        "--ec-transfer-config", json.dumps(config), "--ec-manager-config", json.dumps(small_cache),
-    ]  # fmt: skip
-    log = work / "server.log"
-    proc = subprocess.Popen(cmd, env=env, cwd=work, stdout=log.open("w"), stderr=subprocess.STDOUT)
     ctx = zmq.Context()
     sub = ctx.socket(zmq.SUB)
     sub.connect(feed)
     sub.setsockopt(zmq.SUBSCRIBE, b"ec.")
     try:
-        deadline = time.monotonic() + START_LIMIT_S
-        while True:
-            if proc.poll() is not None:
-                sys.stderr.write(log.read_text()[-20000:])
-                pytest.fail(f"vllm serve exited with {proc.returncode}")
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2):
-                    break
-            except OSError:
-                if time.monotonic() > deadline:
-                    sys.stderr.write(log.read_text()[-20000:])
-                    pytest.fail(f"vllm serve not ready after {START_LIMIT_S} s")
-                time.sleep(1)
-        time.sleep(0.5)  # the SUB connected before the engine bound; let it join
-        answers = [chat(port, png(i, SIZES[i])) for i in WORKLOAD]
-        events = []
-        while sub.poll(2000):
-            events.append(decode_event(sub.recv_multipart()))
-        metrics = scrape(port)
-        shown = {
-            f"{n}{{{','.join(f'{k}={v}' for k, v in sorted(ls) if k not in ('model_name', 'engine'))}}}": v
-            for (n, ls), v in sorted(metrics.items(), key=lambda kv: kv[0][0])
-            if n.startswith("vllm:ec_tier") and not n.endswith(("_created", "_bucket")) and v
-        }
-        print(
-            f"\n/metrics after {len(WORKLOAD)} requests, {len(events)} feed events:",
-            json.dumps(shown, indent=1),
-        )
-        yield {"answers": answers, "metrics": metrics, "events": events, "engine_id": engine_id, "log": log}
+        with running_server(cmd, env, work / "server.log", port):
+            time.sleep(0.5)  # the SUB connected before the engine bound; let it join
+            answers = [chat(port, png(i, SIZES[i])) for i in WORKLOAD]
+            events = []
+            while sub.poll(2000):
+                events.append(decode_event(sub.recv_multipart()))
+            metrics = scrape(port)
+            shown = {
+                f"{n}{{{','.join(f'{k}={v}' for k, v in sorted(ls) if k not in BOTH_LABELS)}}}": v
+                for (n, ls), v in sorted(metrics.items(), key=lambda kv: kv[0][0])
+                if n.startswith("vllm:ec_tier") and not n.endswith(("_created", "_bucket")) and v
+            }
+            print(
+                f"\n/metrics after {len(WORKLOAD)} requests, {len(events)} feed events:",
+                json.dumps(shown, indent=1),
+            )
+            yield {
+                "answers": answers,
+                "metrics": metrics,
+                "events": events,
+                "engine_id": engine_id,
+                "log": work / "server.log",
+            }
     finally:
         sub.close(linger=0)
         ctx.term()
-        proc.send_signal(signal.SIGINT)
-        try:
-            proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
 
 
 def value(metrics: dict, name: str, **labels: str) -> float:
