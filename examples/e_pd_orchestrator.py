@@ -44,7 +44,7 @@ def png(seed: int, size: tuple[int, int]) -> str:
     return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()
 
 
-def start_server(model: Path, port: int, side_port: int, role: str, engine_id: str, log: Path):
+def start_server(model: Path, port: int, role: str, engine_id: str, log: Path):
     config = {
         "ec_connector": "ECTierConnector",
         "ec_role": role,
@@ -57,7 +57,7 @@ def start_server(model: Path, port: int, side_port: int, role: str, engine_id: s
         "HF_HUB_OFFLINE": "1",
         "VLLM_NO_USAGE_STATS": "1",
         "VLLM_EC_SIDE_CHANNEL_HOST": "127.0.0.1",
-        "VLLM_EC_SIDE_CHANNEL_PORT": str(side_port),
+        "VLLM_EC_SIDE_CHANNEL_PORT": "0",  # any free port: the producer advertises it in its params
     }
     cmd = [
         sys.executable, "-m", "vllm.entrypoints.openai.api_server",
@@ -117,19 +117,16 @@ def main() -> int:
     work = Path(tempfile.mkdtemp(prefix="ec_demo_"))
     model = write_tiny_qwen2_vl(work / "model", random_weights=True, seed=0)
     ports = {"producer": free_port(), "consumer": free_port()}
-    side_port = free_port()
     run = os.getpid()
     servers = {
-        role: start_server(
-            model, ports[role], side_port, f"ec_{role}", f"demo-{role}-{run}", work / f"{role}.log"
-        )
+        role: start_server(model, ports[role], f"ec_{role}", f"demo-{role}-{run}", work / f"{role}.log")
         for role in ports
     }
     print(f"starting a producer (E) and a consumer (PD) vLLM server; logs in {work}")
     try:
         for role, proc in servers.items():
             wait_ready(ports[role], proc, role, work / f"{role}.log")
-        print(f"  producer on :{ports['producer']} (side channel :{side_port})")
+        print(f"  producer on :{ports['producer']}")
         print(f"  consumer on :{ports['consumer']}")
         sizes = [(100, 80), (112, 112), (56, 56), (84, 112)]
         served = 0
@@ -138,13 +135,15 @@ def main() -> int:
             produced, t_e = chat(ports["producer"], images, max_tokens=1)
             params = produced.get("ec_transfer_params") or {}
             moved = sum(item.get("size_bytes", 0) for item in params.values())
+            advertised = [item for item in params.values() if item.get("peer_port")]
+            sides = sorted({f"{item['peer_host']}:{item['peer_port']}" for item in advertised})
             answer, t_pd = chat(ports["consumer"], images, max_tokens=8, params=params)
             tokens = answer["usage"]["completion_tokens"]
             served += tokens == 8 and moved > 0
             print(
                 f"  request {n}: producer encoded {len(params)} item(s) and published {moved} bytes "
-                f"in {t_e * 1e3:.0f} ms; consumer pulled them and answered {tokens} tokens in "
-                f"{t_pd * 1e3:.0f} ms"
+                f"(side channel {', '.join(sides) or 'none'}) in {t_e * 1e3:.0f} ms; consumer pulled "
+                f"them and answered {tokens} tokens in {t_pd * 1e3:.0f} ms"
             )
         log = (work / "consumer.log").read_text()
         reads, fallbacks = log.count("outcome=read"), log.count("outcome=fallback")
