@@ -111,6 +111,8 @@ class ConsumerFetcher:
             now = self._clock.now()
             for item in items:
                 if self._tier.table.is_ready(item.key):
+                    if not item.has_media:  # nothing could encode it if it were evicted now
+                        self._tier.promise(item.key)
                     continue
                 fetch = self._fetches.get(item.key)
                 if fetch is not None:

@@ -150,6 +150,13 @@ class TierScheduler:
         self.stats.misses += 1
         return False
 
+    def promise(self, key: str) -> None:
+        """Protect `key` from eviction until this step's plan is taken, as a True `has_item` does:
+        for a READY item a request has no media for, from the check that admits the request to
+        vLLM's own `has_cache_item` later in the step (an eviction in between would send that
+        request to the encoder with nothing to encode)."""
+        self._promised.add(key)
+
     def on_allocated(self, key: str, rows: int) -> None:
         """vLLM made room for item `key` of `rows` rows: plan its reload, or its offload."""
         with self.lock:

@@ -343,3 +343,18 @@ def test_a_fetch_never_evicts_an_item_promised_to_vllm_this_step():
     assert pair.consumer_stats.fallbacks == 1
     result = pair.consumer.step([("first", 6)])
     assert result.loaded["first"] == encoder_output("first", 6)
+
+
+def test_a_ready_item_a_request_has_no_media_for_is_kept_until_vllm_asks_for_it():
+    pair = Pair(num_blocks=8)
+    first = pair.produce([("first", 6)])
+    assert pair.run_until_available(first, [("first", 6)])
+    second = pair.produce([("second", 6)])
+    pair.consumer.scheduler.take_plan()  # a new step
+    # a request whose media were stripped (its item is in the tier) is admitted...
+    assert pair.fetch({}, [("first", 6)], request_id="r-meta", media=False) is True
+    # ...and before vLLM asks for its item, another request's fetch would need that item's room
+    assert pair.fetch(second, [("second", 6)], request_id="r2") is True, "no room: encode 'second'"
+    assert pair.consumer_stats.fallbacks == 1
+    assert pair.consumer.scheduler.has_item("first")
+    assert pair.consumer.step([("first", 6)]).loaded["first"] == encoder_output("first", 6)
