@@ -251,16 +251,8 @@ class SideChannel:
         """The channel of data-parallel rank `dp_rank`: each rank's scheduler runs its own server, at
         port + rank (as vLLM's NIXL KV connector offsets its side channel), so that the ranks of one
         host do not collide; port 0 stays 0."""
-        if self.port == 0:
-            return self
-        port = self.port + dp_rank
-        if port > 65535:
-            raise ConfigError(
-                f"VLLM_EC_SIDE_CHANNEL_PORT = {self.port} puts data-parallel rank {dp_rank} at port "
-                f"{port}, past 65535: each rank listens at port + rank; lower the port, or set 0 for "
-                "any free port"
-            )
-        return SideChannel(self.host, port)
+        port = _rank_port(self.port, dp_rank, f"VLLM_EC_SIDE_CHANNEL_PORT = {self.port}")
+        return self if port == self.port else SideChannel(self.host, port)
 
 
 def endpoint_for_rank(address: str, dp_rank: int) -> str:
@@ -270,18 +262,25 @@ def endpoint_for_rank(address: str, dp_rank: int) -> str:
     its endpoint the same way)."""
     if dp_rank == 0:
         return address
-    if address.startswith("tcp://"):
-        base, _, port = address.rpartition(":")
-        if not port.isdigit() or int(port) == 0:
-            return address
-        if int(port) + dp_rank > 65535:
-            raise ConfigError(
-                f"ec_connector_extra_config['event_feed_address'] = {address!r} puts data-parallel rank "
-                f"{dp_rank} at port {int(port) + dp_rank}, past 65535: each rank binds port + rank; "
-                "lower the port"
-            )
-        return f"{base}:{int(port) + dp_rank}"
-    return f"{address}_dp{dp_rank}"
+    if not address.startswith("tcp://"):
+        return f"{address}_dp{dp_rank}"
+    base, _, port = address.rpartition(":")
+    if not port.isdigit():  # "*": any free port
+        return address
+    setting = f"ec_connector_extra_config['event_feed_address'] = {address!r}"
+    return f"{base}:{_rank_port(int(port), dp_rank, setting)}"
+
+
+def _rank_port(port: int, dp_rank: int, setting: str) -> int:
+    """Rank `dp_rank`'s port: `port` + rank, or 0 (any free port) for 0; ConfigError past 65535."""
+    if port == 0:
+        return 0
+    if port + dp_rank > 65535:
+        raise ConfigError(
+            f"{setting} puts data-parallel rank {dp_rank} at port {port + dp_rank}, past 65535: each "
+            "rank uses port + rank; lower the port, or set 0 for any free port"
+        )
+    return port + dp_rank
 
 
 def side_channel_from_env(environ: Mapping[str, str]) -> SideChannel:

@@ -477,7 +477,7 @@ def test_each_data_parallel_rank_publishes_its_own_event_feed(address, rank, exp
 def test_an_event_feed_rank_past_the_last_port_is_rejected():
     with _rejects(
         "ec_connector_extra_config['event_feed_address'] = 'tcp://h:65535' puts data-parallel rank 1 "
-        "at port 65536, past 65535: each rank binds port + rank; lower the port"
+        "at port 65536, past 65535: each rank uses port + rank; lower the port, or set 0 for any free port"
     ):
         endpoint_for_rank("tcp://h:65535", 1)
 
@@ -496,7 +496,7 @@ def test_a_rank_past_the_last_port_is_rejected():
     assert SideChannel("h", 65534).for_rank(1).port == 65535
     with _rejects(
         "VLLM_EC_SIDE_CHANNEL_PORT = 65534 puts data-parallel rank 2 at port 65536, past 65535: each "
-        "rank listens at port + rank; lower the port, or set 0 for any free port"
+        "rank uses port + rank; lower the port, or set 0 for any free port"
     ):
         SideChannel("h", 65534).for_rank(2)
 
