@@ -238,6 +238,19 @@ class Device:
         return rt.elapsed(self._start, self._end)
 
 
+def finish(dev: Device, copier: TorchCopier, copies: list[PlannedCopy]) -> float:
+    """Wait for the batch, check poll reports exactly its tickets, return its timed seconds (the
+    copier's own events)."""
+    dev.sync()
+    done: list[int] = []
+    deadline = time.monotonic() + 60
+    while copier.in_flight():
+        done += copier.poll()
+        assert time.monotonic() < deadline, "copies never completed"
+    assert sorted(done) == sorted(c.ticket for c in copies), "poll did not report the batch"
+    return sum(t.seconds for t in copier.drain_timings())
+
+
 def random_rows(rows: int, width: int, device: torch.device, gen: torch.Generator) -> torch.Tensor:
     raw = torch.randint(-(1 << 15), 1 << 15, (rows, width), dtype=torch.int16, generator=gen)
     return raw.view(torch.bfloat16).to(device)
@@ -341,7 +354,7 @@ class Bench:
             t0 = time.perf_counter()
             copier.save(jobs)
             t_save = time.perf_counter() - t0
-            save_dev = self.finish(copier, copies)
+            save_dev = finish(self.dev, copier, copies)
             if not torch.equal(check_rows.index_select(0, index), expected[which]):
                 raise SystemExit(f"save bytes differ: width {width} {entry} {layout} batch {batch}")
             h2d = dev.memcpy(devbuf, pinned)
@@ -351,7 +364,7 @@ class Bench:
             t0 = time.perf_counter()
             out = copier.load(loads)
             t_load = time.perf_counter() - t0
-            load_dev = self.finish(copier, loads)
+            load_dev = finish(self.dev, copier, loads)
             if not torch.equal(torch.cat([as_bytes(cast(torch.Tensor, o)) for o in out]), expected[which]):
                 raise SystemExit(f"load bytes differ: width {width} {entry} {layout} batch {batch}")
             del out
@@ -385,18 +398,6 @@ class Bench:
         print(format_row(row), flush=True)
         if self.args.alternatives and dev.cuda and layout != "contiguous":
             self.measure_alternatives(check_rows, host_rows, row, placement, expected[0], index)
-
-    def finish(self, copier: TorchCopier, copies: list[PlannedCopy]) -> float:
-        """Wait for the batch, check poll reports exactly its tickets, return its timed seconds."""
-        self.dev.sync()
-        done: list[int] = []
-        deadline = time.monotonic() + 60
-        while copier.in_flight():
-            done += copier.poll()
-            assert time.monotonic() < deadline, "copies never completed"
-        assert sorted(done) == sorted(c.ticket for c in copies), "poll did not report the batch"
-        timings = copier.drain_timings()
-        return sum(t.seconds for t in timings)
 
     def measure_alternatives(
         self,

@@ -37,7 +37,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.copy_bandwidth import Device, aged, churn, scattered  # noqa: E402
+from bench.copy_bandwidth import Device, aged, churn, finish, scattered  # noqa: E402
 from ec_connector.adapters.memory import MemoryRegion  # noqa: E402
 from ec_connector.adapters.torch_copy import TorchCopier, cuda  # noqa: E402
 from ec_connector.domain.blocks import Extent  # noqa: E402
@@ -85,16 +85,6 @@ def rule(name: str) -> Iterator[None]:
         cuda.FEW_SHORT, cuda.SHORT_PER_COPY = kept
 
 
-def device_seconds(dev: Device, copier: TorchCopier) -> float:
-    """Wait for the copier's batch; its own events' time."""
-    dev.sync()
-    deadline = time.monotonic() + 60
-    while copier.in_flight():
-        copier.poll()
-        assert time.monotonic() < deadline, "copies never completed"
-    return sum(t.seconds for t in copier.drain_timings())
-
-
 def measure(
     dev: Device, placement: str, width: int, rows: int, batch: int, rounds: int, seed: int
 ) -> list[str]:
@@ -135,7 +125,7 @@ def measure(
                 else:
                     loaded[:] = copier.load(copies)
                 dt = time.perf_counter() - t0
-                seconds = device_seconds(dev, copier)
+                seconds = finish(dev, copier, copies)
                 if d == "load" and r % 5 == 0:
                     outputs = cast(list[torch.Tensor], loaded)
                     assert all(torch.equal(a, b) for a, b in zip(outputs, payloads, strict=True)), (
