@@ -23,7 +23,7 @@ START_LIMIT_S = 600
 
 
 def server_env(**extra: str) -> dict[str, str]:
-    """This process's environment for a CPU server, without the test venv's PYTHONPATH."""
+    """This process's environment for a CPU engine, without the test venv's PYTHONPATH."""
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     env.update(
         VLLM_CPU_KVCACHE_SPACE="1",

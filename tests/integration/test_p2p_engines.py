@@ -23,6 +23,7 @@ from pathlib import Path
 
 import pytest
 
+from .openai_server import server_env
 from .test_local_tier_engine import ENGINE_DIR, region_files, run_engine
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
@@ -47,19 +48,12 @@ def connector(role: str, engine_id: str) -> dict:
 
 
 def engine_env() -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    env.update(
+    return server_env(
         PYTHONPATH=str(ENGINE_DIR),
         VLLM_ENABLE_V1_MULTIPROCESSING="0",
-        VLLM_CPU_KVCACHE_SPACE="1",
-        HF_HUB_OFFLINE="1",
-        TRANSFORMERS_OFFLINE="1",
-        VLLM_NO_USAGE_STATS="1",
-        TOKENIZERS_PARALLELISM="false",
         VLLM_EC_SIDE_CHANNEL_HOST="127.0.0.1",
         VLLM_EC_SIDE_CHANNEL_PORT="0",  # any free port: the producer advertises the one it got
     )
-    return env
 
 
 def run_pair(python: Path, model: Path, work: Path, *, stop_producer_first: bool = False) -> dict:
