@@ -283,6 +283,40 @@ def test_copies_that_end_between_steps_are_reported_without_another_hook():
     assert all(w._watcher is None or not w._watcher.is_alive() for w in eng.workers)
 
 
+def test_the_watcher_leaves_the_copier_alone_while_steps_keep_flushing():
+    # Each poll the watcher makes takes the GIL and the worker's lock from the step thread; while the
+    # step thread flushes at least once per interval, it reports ends itself and the watcher waits.
+    import threading
+    import time
+
+    eng = Engine(hold=True)
+    worker, copier = eng.workers[0], eng.copiers[0]
+    worker._watch_interval_s = 0.05
+    step_thread = threading.get_ident()
+    pollers: list[int] = []
+    real_poll = copier.poll
+
+    def poll() -> list[int]:
+        pollers.append(threading.get_ident())
+        return real_poll()
+
+    copier.poll = poll  # type: ignore[method-assign]
+    eng.step([("a", 2)])  # a save in flight: the flush wakes the watcher
+    until = time.monotonic() + 0.5
+    while time.monotonic() < until:  # steps ten times as often as the interval
+        worker.flush()
+        time.sleep(0.005)
+    by_watcher = [t for t in pollers if t != step_thread]
+    assert len(by_watcher) <= 2, f"the watcher polled {len(by_watcher)} times between flushes"
+    copier.release_held()  # then the engine goes idle: the watcher reports the end alone
+    deadline = time.monotonic() + 5.0
+    while eng.scheduler.has_pending_work() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert eng.scheduler.table.is_ready("a")
+    assert len([t for t in pollers if t != step_thread]) > len(by_watcher)  # the watcher reported it
+    worker.close()
+
+
 def test_worker_close_reports_copies_still_in_flight():
     eng = Engine(hold=True)
     eng.step([("a", 2)])
