@@ -1,4 +1,5 @@
-"""What a full tier's allocation does to entries over time: the run floor (`ec_min_run_bytes`) against none.
+"""What a full tier's allocation does to entries over time: the run floor (`ec_min_run_bytes`) and the run
+cap (`ec_max_entry_runs`) against neither.
 
 A tier in service is full: every new entry evicts the oldest ones (FIFO). When every free is in
 FIFO order, the freed space lies together and new entries stay in one or two runs. Frees out of
@@ -10,7 +11,8 @@ each run costs host time to plan and launch).
 
 This drives the real `EntryTable` through `--ops` reservations of image-sized entries (64 to
 ~5,800 rows, log-uniform), at full occupancy, with a share of entries dropped out of order, once
-without a floor (the baseline) and once with the default floor, and prints side by side: runs per
+without a floor (the baseline), once with the default floor and once with the floor and the
+default run cap (the product's settings), and prints side by side: runs per
 entry (mean, p99, max) of the entries of 1 MiB or more, the share of their bytes in runs shorter
 than the floor (apart from an entry's one short remainder: `--strict` counts it too), the mean
 occupancy after a reservation (what the floor costs in capacity), and the share of evictions made
@@ -38,7 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from ec_connector.domain.blocks import Extent  # noqa: E402
 from ec_connector.domain.cache import EntryTable  # noqa: E402
-from ec_connector.domain.config import MIN_RUN_BYTES  # noqa: E402
+from ec_connector.domain.config import MAX_ENTRY_RUNS, MIN_RUN_BYTES  # noqa: E402
 from ec_connector.domain.layout import Layout  # noqa: E402
 
 MiB = 1 << 20
@@ -53,8 +55,10 @@ def image_rows(rng: random.Random) -> int:
 class AgedTable:
     """An `EntryTable` kept full by FIFO eviction, with a share of entries dropped out of order."""
 
-    def __init__(self, num_blocks: int, min_run: int, drop_share: float, rng: random.Random) -> None:
-        self.table = EntryTable(num_blocks, min_run=min_run)
+    def __init__(
+        self, num_blocks: int, min_run: int, drop_share: float, rng: random.Random, *, max_runs: int = 0
+    ) -> None:
+        self.table = EntryTable(num_blocks, min_run=min_run, max_runs=max_runs)
         self.drop_share = drop_share
         self.rng = rng
         self._keys = 0
@@ -110,14 +114,20 @@ class Aging:
 
 
 def measure(
-    row_bytes: int, region_bytes: int, floor_bytes: int, drop_share: float, ops: int, strict: bool
+    row_bytes: int,
+    region_bytes: int,
+    floor_bytes: int,
+    drop_share: float,
+    ops: int,
+    strict: bool,
+    max_runs: int = 0,
 ) -> Aging:
     """Age a table for `ops` reservations, then record the second `ops`."""
     num_blocks = region_bytes // row_bytes
     layout = Layout(hidden_dim=row_bytes // 2, dtype="bfloat16", num_blocks=num_blocks)
     min_run = layout.blocks_for(floor_bytes)
     short = layout.blocks_for(MIN_RUN_BYTES)  # what counts as short is the default floor's length
-    aged = AgedTable(num_blocks, min_run, drop_share, random.Random(row_bytes))
+    aged = AgedTable(num_blocks, min_run, drop_share, random.Random(row_bytes), max_runs=max_runs)
     aged.age(ops)
     aged.evicted = aged.for_runs = 0
     aged.reserve_s = []
@@ -148,6 +158,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--floor-bytes", type=int, default=MIN_RUN_BYTES, help="the floor measured against none"
     )
+    parser.add_argument(
+        "--max-runs", type=int, default=MAX_ENTRY_RUNS, help="the run cap measured with the floor"
+    )
     parser.add_argument("--strict", action="store_true", help="count an entry's short remainder as well")
     args = parser.parse_args(argv)
     widths = (3584,) if args.quick else (1024, 3584, 16384)
@@ -155,7 +168,8 @@ def main(argv: list[str] | None = None) -> None:
     ops = args.ops or (4000 if args.quick else 20000)
     print(
         f"# region {args.region_mib} MiB, {ops} reservations aged then {ops} recorded; "
-        f"entries 64-5,800 rows; floor {args.floor_bytes // 1024} KiB against none; "
+        f"entries 64-5,800 rows; floor {args.floor_bytes // 1024} KiB, then with a cap of "
+        f"{args.max_runs} runs, against neither; "
         f"short = under {MIN_RUN_BYTES // 1024} KiB"
     )
     print(
@@ -168,7 +182,15 @@ def main(argv: list[str] | None = None) -> None:
         for share in shares:
             base = measure(row_bytes, args.region_mib * MiB, 0, share, ops, args.strict).row()
             floor = measure(row_bytes, args.region_mib * MiB, args.floor_bytes, share, ops, args.strict).row()
-            for name, r in (("none", base), (f"{args.floor_bytes // 1024}K", floor)):
+            capped = measure(
+                row_bytes, args.region_mib * MiB, args.floor_bytes, share, ops, args.strict, args.max_runs
+            ).row()
+            settings = (
+                ("none", base),
+                (f"{args.floor_bytes // 1024}K", floor),
+                (f"+cap{args.max_runs}", capped),
+            )
+            for name, r in settings:
                 ratios = f"{r[0] / base[0]:12.2f} {r[4] / base[4]:15.4f} {r[6] / base[6]:17.2f}"
                 print(
                     f"{row_bytes // 1024:>3}K {share:>5.0%} {name:>6} | "

@@ -50,7 +50,7 @@ from ec_connector.adapters.memory import MemoryRegion  # noqa: E402
 from ec_connector.adapters.torch_copy import TorchCopier  # noqa: E402
 from ec_connector.adapters.torch_copy.copier import DMA_MIN_BYTES  # noqa: E402
 from ec_connector.domain.blocks import Extent, ExtentAllocator  # noqa: E402
-from ec_connector.domain.config import MIN_RUN_BYTES  # noqa: E402
+from ec_connector.domain.config import MAX_ENTRY_RUNS, MIN_RUN_BYTES  # noqa: E402
 from ec_connector.domain.layout import Layout  # noqa: E402
 from ec_connector.domain.transfers import PlannedCopy, SaveJob  # noqa: E402
 
@@ -150,9 +150,9 @@ def aged(
     num_blocks: int, rows: int, count: int, rng: random.Random, *, row_bytes: int
 ) -> list[tuple[Extent, ...]]:
     """The tier's own table, full, aged by FIFO eviction with 5% of entries dropped out of order
-    (`bench/aging.py`), then the batch reserved through it with the product's run floor."""
+    (`bench/aging.py`), then the batch reserved through it with the product's run floor and cap."""
     layout = Layout(hidden_dim=row_bytes // 2, dtype="bfloat16", num_blocks=num_blocks)
-    table = AgedTable(num_blocks, layout.blocks_for(MIN_RUN_BYTES), 0.05, rng)
+    table = AgedTable(num_blocks, layout.blocks_for(MIN_RUN_BYTES), 0.05, rng, max_runs=MAX_ENTRY_RUNS)
     table.age(20 * num_blocks // rows, sizes=lambda r: r.randint(max(1, rows // 4), 2 * rows))
     table.drop_share = 0.0  # the batch's own entries must all stay
     batch = [table.put(rows) for _ in range(count)]

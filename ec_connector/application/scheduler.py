@@ -73,7 +73,9 @@ class TierScheduler:
         self._ranks = ranks
         self._engine_id = engine_id
         self._table = EntryTable(
-            self._layout.num_blocks, min_run=self._layout.blocks_for(config.min_run_bytes)
+            self._layout.num_blocks,
+            min_run=self._layout.blocks_for(config.min_run_bytes),
+            max_runs=config.max_entry_runs,
         )
         self._phase_of = self._table.phase_of
         self._role_loads = config.role.loads

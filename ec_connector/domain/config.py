@@ -44,6 +44,13 @@ MIN_RUN_BYTES = 256 * 1024
 """Default of `ec_min_run_bytes`: the copier's copy-engine threshold (runs shorter than this go
 through its gather kernel)."""
 
+MAX_ENTRY_RUNS = 4
+"""Default of `ec_max_entry_runs`. A full tier aged with out-of-order frees (`bench/aging.py`, 8 GiB,
+5-20% dropped) placed entries of 1 MiB and more in 4.3-9.2 runs on average (p99 24-61) under the
+floor alone, and in 1.8-2.2 (p99 5-7) with a cap of 4, for 0.8-2.2% of occupancy; a cap of 2 gave
+1.4-1.7 runs for 1.7-3.6%. Each run is one copy handed to the driver at launch (~0.7 µs each on the
+H200, session 11), so a batch of 32 large entries went from ~100 copies to ~64."""
+
 
 @dataclass(frozen=True, slots=True)
 class ConnectorConfig:
@@ -70,6 +77,10 @@ class ConnectorConfig:
     least this many bytes, evicting a little more (oldest first) where that is what it takes. 0 turns
     it off. The default is the copier's copy-engine threshold: shorter runs go through the gather
     kernel, which carries ~0.8-0.9x of the copy engines' bandwidth over PCIe (docs/benchmarks.md)."""
+    max_entry_runs: int = MAX_ENTRY_RUNS
+    """Run cap of the tier's allocation: a split entry's pieces are at least this share of it (and
+    at least `min_run_bytes`), so it is placed in at most this many runs, evicting a little more
+    (oldest first) where that is what it takes, as the floor does. 0 turns it off."""
 
 
 _SECONDS_KEYS = (
@@ -88,6 +99,7 @@ KNOWN_KEYS = frozenset(
         "ec_cpu_bytes",
         "ec_enable_nixl",
         "ec_min_run_bytes",
+        "ec_max_entry_runs",
         "nixl_backend",
         "nixl_consumer_progress_thread",
         "nixl_read_lanes",
@@ -153,6 +165,13 @@ def parse_min_run_bytes(value: object) -> int:
     return value
 
 
+def parse_max_entry_runs(value: object) -> int:
+    key = "ec_max_entry_runs"
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 1 << 20:
+        raise _reject(key, value, "an integer number of runs >= 0 (0 turns the run cap off), e.g. 4")
+    return value
+
+
 def parse_seconds(key: str, value: object) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise _reject(key, value, "a number of seconds > 0, e.g. 2.0")
@@ -207,6 +226,8 @@ def parse_config(extra: object, *, role: object) -> ConnectorConfig:
         fields["enable_nixl"] = parse_bool_flag("ec_enable_nixl", extra["ec_enable_nixl"])
     if "ec_min_run_bytes" in extra:
         fields["min_run_bytes"] = parse_min_run_bytes(extra["ec_min_run_bytes"])
+    if "ec_max_entry_runs" in extra:
+        fields["max_entry_runs"] = parse_max_entry_runs(extra["ec_max_entry_runs"])
     for key in _SECONDS_KEYS:
         if key in extra:
             fields[key] = parse_seconds(key, extra[key])

@@ -182,6 +182,49 @@ def test_a_run_floor_never_evicts_a_protected_entry():
     assert res.entry.extents == (Extent(2, 2), Extent(6, 2))
 
 
+# --- run cap -------------------------------------------------------------------------------------
+
+
+def _slivered_wide(max_runs: int) -> EntryTable:
+    """A full table of twelve 2-block entries a-l, every second one dropped: six free 2-block slivers."""
+    table = EntryTable(24, max_runs=max_runs)
+    for key in "abcdefghijkl":
+        _put_ready(table, key, 2)
+    for key in "bdfhjl":
+        table.drop(key)
+    assert len(table.blocks.free_extents()) == 6
+    return table
+
+
+def test_without_a_run_cap_a_large_entry_takes_every_sliver_it_needs():
+    res = _slivered_wide(max_runs=0).reserve("x", 8, now=1.0, lease_s=LEASE)
+    assert res is not None and res.evicted == ()
+    assert len(res.entry.extents) == 4
+
+
+def test_a_run_cap_evicts_the_oldest_entries_more_until_the_entry_fits_in_that_many_runs():
+    table = _slivered_wide(max_runs=2)
+    res = table.reserve("x", 8, now=1.0, lease_s=LEASE)
+    assert res is not None
+    assert [e.key for e in res.evicted] == ["a", "c"]  # oldest first, each for runs
+    assert res.for_runs == 2
+    assert res.entry.extents == (Extent(0, 8),)  # a, c and the slivers beside them
+    assert _keys(table) == ["e", "g", "i", "k", "x"]
+
+
+@pytest.mark.parametrize(
+    ("min_run", "max_runs", "rows", "expected"),
+    [(1, 0, 40, 1), (3, 0, 40, 3), (3, 4, 10, 3), (3, 4, 40, 10), (3, 4, 41, 11), (1, 2, 1, 1)],
+)
+def test_the_shortest_run_of_an_entry_is_the_floor_or_its_share_under_the_cap(min_run, max_runs, rows, expected):
+    assert EntryTable(64, min_run=min_run, max_runs=max_runs).min_run_for(rows) == expected
+
+
+def test_a_negative_run_cap_is_refused():
+    with pytest.raises(ValueError, match=r"max_runs must be >= 0 \(0: no cap\), got -1"):
+        EntryTable(8, max_runs=-1)
+
+
 def test_a_run_floor_below_one_block_is_refused():
     with pytest.raises(ValueError, match="min_run must be >= 1, got 0"):
         EntryTable(8, min_run=0)

@@ -33,7 +33,8 @@ SECONDS_KEYS = [
     "not_ready_give_up_s",
 ]
 ALL_KEYS = (
-    "announce_lease_s, consumer_ack_timeout_s, ec_cpu_bytes, ec_enable_nixl, ec_min_run_bytes, "
+    "announce_lease_s, consumer_ack_timeout_s, ec_cpu_bytes, ec_enable_nixl, ec_max_entry_runs, "
+    "ec_min_run_bytes, "
     "event_feed_address, "
     "nixl_backend, nixl_consumer_progress_thread, nixl_read_lanes, not_ready_backoff_max_s, "
     "not_ready_backoff_s, not_ready_give_up_s, producer_pin_lease_s, quarantine_s, read_timeout_s, "
@@ -71,6 +72,7 @@ def test_minimal_config_takes_every_documented_default():
     assert config.side_channel_secret is None
     assert config.event_feed_address is None
     assert config.min_run_bytes == 256 * 1024
+    assert config.max_entry_runs == 4
 
 
 def test_known_keys_are_ec_cpu_bytes_nixl_and_every_design_key():
@@ -237,6 +239,23 @@ def test_min_run_bytes_negative_huge_or_not_an_int_is_refused(value):
         "number of bytes >= 0 (0 turns the run floor off), e.g. 262144"
     ):
         _parse(ec_min_run_bytes=value)
+
+
+# --- ec_max_entry_runs --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("value", [0, 1, 2, 4, 64])
+def test_max_entry_runs_takes_any_count_from_0(value):
+    assert _parse(ec_max_entry_runs=value).max_entry_runs == value
+
+
+@pytest.mark.parametrize("value", [-1, (1 << 20) + 1, 4.0, "4", True, None])
+def test_max_entry_runs_negative_huge_or_not_an_int_is_refused(value):
+    with _rejects(
+        f"ec_connector_extra_config['ec_max_entry_runs'] = {value!r} is invalid: expected an integer "
+        "number of runs >= 0 (0 turns the run cap off), e.g. 4"
+    ):
+        _parse(ec_max_entry_runs=value)
 
 
 # --- ec_enable_nixl ----------------------------------------------------------------------------

@@ -133,6 +133,26 @@ def test_a_run_floor_takes_pieces_only_from_long_free_extents_or_refuses(filled,
 
 
 @SETTINGS
+@given(filled=_filled(max_blocks=96, max_size=12, max_entries=24), data=st.data())
+def test_a_floor_of_a_kth_of_the_entry_places_it_in_at_most_k_runs_or_refuses(filled, data):
+    # the table's run cap (`EntryTable.min_run_for`) rests on this
+    alloc, owned = filled
+    for i in data.draw(st.lists(st.integers(0, 1000), max_size=len(owned))):
+        if owned:
+            alloc.release(owned.pop(i % len(owned)))
+    if not alloc.free_blocks:
+        return
+    want = data.draw(st.integers(1, alloc.free_blocks))
+    k = data.draw(st.integers(1, 6))
+    free_before = alloc.free_extents()
+    got = alloc.allocate(want, min_run=-(-want // k))
+    if got is None:
+        assert alloc.free_extents() == free_before
+    else:
+        assert sum(e.length for e in got) == want and len(got) <= k
+
+
+@SETTINGS
 @given(filled=_filled(), data=st.data())
 def test_releasing_everything_restores_one_free_extent(filled, data):
     alloc, owned = filled
