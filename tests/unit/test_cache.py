@@ -216,7 +216,9 @@ def test_a_run_cap_evicts_the_oldest_entries_more_until_the_entry_fits_in_that_m
     ("min_run", "max_runs", "rows", "expected"),
     [(1, 0, 40, 1), (3, 0, 40, 3), (3, 4, 10, 3), (3, 4, 40, 10), (3, 4, 41, 11), (1, 2, 1, 1)],
 )
-def test_the_shortest_run_of_an_entry_is_the_floor_or_its_share_under_the_cap(min_run, max_runs, rows, expected):
+def test_the_shortest_run_of_an_entry_is_the_floor_or_its_share_under_the_cap(
+    min_run, max_runs, rows, expected
+):
     assert EntryTable(64, min_run=min_run, max_runs=max_runs).min_run_for(rows) == expected
 
 

@@ -36,7 +36,8 @@ COUNTERS: tuple[tuple[str, str, str | None, dict[str | None, str]], ...] = (
     ("vllm:ec_tier_evictions", "Ready entries evicted (FIFO) to make room for new ones.", None,
      {None: "evictions"}),
     ("vllm:ec_tier_evictions_for_runs", "Of the evictions, those made beyond the space needed so that a new "
-     "entry's runs stay at least ec_min_run_bytes long and at most ec_max_entry_runs many.", None, {None: "evictions_for_runs"}),
+     "entry's runs stay at least ec_min_run_bytes long and at most ec_max_entry_runs "
+     "many.", None, {None: "evictions_for_runs"}),
     ("vllm:ec_tier_not_offloaded", "Items not offloaded because the region could not fit them.", None,
      {None: "not_offloaded"}),
     ("vllm:ec_tier_quarantines", "Entries whose blocks were quarantined: a save lease lapsed, or a peer "
