@@ -57,7 +57,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.vllm_baseline import BaselineUnavailable, load, version  # noqa: E402
 from ec_connector.domain.cache import EntryTable  # noqa: E402
-from ec_connector.domain.config import MIN_RUN_BYTES  # noqa: E402
+from ec_connector.domain.config import MAX_ENTRY_RUNS, MIN_RUN_BYTES  # noqa: E402
 from ec_connector.domain.entries import Entry, Phase  # noqa: E402
 from ec_connector.domain.layout import Layout  # noqa: E402
 
@@ -150,9 +150,12 @@ class OursSide:
     name = "ours"
 
     def __init__(self, num_blocks: int) -> None:
-        # with the shipped run floor (ec_min_run_bytes' default), as the scheduler builds it
+        # with the shipped run floor and cap (ec_min_run_bytes', ec_max_entry_runs' defaults), as
+        # the scheduler builds it
         layout = Layout(hidden_dim=ROW_BYTES // 2, dtype="bfloat16", num_blocks=num_blocks)
-        self.table = EntryTable(num_blocks, min_run=layout.blocks_for(MIN_RUN_BYTES))
+        self.table = EntryTable(
+            num_blocks, min_run=layout.blocks_for(MIN_RUN_BYTES), max_runs=MAX_ENTRY_RUNS
+        )
         self.phase_of = self.table.phase_of
         self.lock = threading.RLock()
         self.now = 0.0
