@@ -101,13 +101,18 @@ def _filled(draw, max_blocks: int = 64, max_size: int = 16, min_entries: int = 0
     return alloc, [got for n in sizes if (got := alloc.allocate(n)) is not None]
 
 
+def _free_out_of_order(alloc: ExtentAllocator, owned: list, data: st.DataObject) -> None:
+    """Release some of `owned` in a drawn order, as out-of-order frees leave slivers."""
+    for i in data.draw(st.lists(st.integers(0, 1000), max_size=len(owned))):
+        if owned:
+            alloc.release(owned.pop(i % len(owned)))
+
+
 @SETTINGS
 @given(filled=_filled(max_blocks=96, max_size=12, max_entries=24), data=st.data())
 def test_a_run_floor_takes_pieces_only_from_long_free_extents_or_refuses(filled, data):
     alloc, owned = filled
-    for i in data.draw(st.lists(st.integers(0, 1000), max_size=len(owned))):
-        if owned:
-            alloc.release(owned.pop(i % len(owned)))  # free out of order: slivers
+    _free_out_of_order(alloc, owned, data)
     free_before = alloc.free_extents()
     if not free_before:
         return
@@ -137,9 +142,7 @@ def test_a_run_floor_takes_pieces_only_from_long_free_extents_or_refuses(filled,
 def test_a_floor_of_a_kth_of_the_entry_places_it_in_at_most_k_runs_or_refuses(filled, data):
     # the table's run cap (`EntryTable.min_run_for`) rests on this
     alloc, owned = filled
-    for i in data.draw(st.lists(st.integers(0, 1000), max_size=len(owned))):
-        if owned:
-            alloc.release(owned.pop(i % len(owned)))
+    _free_out_of_order(alloc, owned, data)
     if not alloc.free_blocks:
         return
     want = data.draw(st.integers(1, alloc.free_blocks))
