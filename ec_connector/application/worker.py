@@ -12,8 +12,9 @@ it sleeps one interval after being woken (the copies of the launch that woke it 
 and polls only once the step thread has not flushed for an interval (while steps come that often,
 they report what ends). A poll at the moment of the launch took the GIL and the lock from the step
 thread: on the H200, 32-entry launches through this class timed 10-50 µs longer (p10) with the
-watcher than without (`bench/copy_host_launch.py`, session 11). Reports that find the rank's completion ring
-full (more than its slots in one step) wait in order and are posted as the scheduler side drains.
+watcher than without (docs/benchmarks.md, session 11). Reports that find the rank's completion
+ring full (more than its slots in one step) wait in order and are posted as the scheduler side
+drains.
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ Rules held here:
 - with a run cap (`max_runs`), the floor of a split entry rises to its share of the entry
   (`rows / max_runs`), so the entry is placed in at most `max_runs` runs on the same terms: each
   run is one copy the driver is handed at launch, and a full, aged tier without the cap left large
-  entries in 4-7 runs on average (p99 24-42);
+  entries in 4-9 runs on average (p99 19-61; `bench/aging.py`);
 - deadlines (save lease, producer grant lease, announcement, quarantine) are settled by `expire`,
   which the caller runs with the current time; the table never reads a clock.
 

@@ -253,7 +253,7 @@ def test_max_entry_runs_takes_any_count_from_0(value):
 def test_max_entry_runs_negative_huge_or_not_an_int_is_refused(value):
     with _rejects(
         f"ec_connector_extra_config['ec_max_entry_runs'] = {value!r} is invalid: expected an integer "
-        "number of runs >= 0 (0 turns the run cap off), e.g. 4"
+        "number of runs from 0 to 1048576 (0 turns the run cap off), e.g. 4"
     ):
         _parse(ec_max_entry_runs=value)
 
