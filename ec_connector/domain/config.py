@@ -168,7 +168,9 @@ def parse_min_run_bytes(value: object) -> int:
 def parse_max_entry_runs(value: object) -> int:
     key = "ec_max_entry_runs"
     if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 1 << 20:
-        raise _reject(key, value, "an integer number of runs from 0 to 1048576 (0 turns the run cap off), e.g. 4")
+        raise _reject(
+            key, value, "an integer number of runs from 0 to 1048576 (0 turns the run cap off), e.g. 4"
+        )
     return value
 
 
