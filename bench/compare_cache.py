@@ -153,9 +153,7 @@ class OursSide:
         # with the shipped run floor and cap (ec_min_run_bytes', ec_max_entry_runs' defaults), as
         # the scheduler builds it
         layout = Layout(hidden_dim=ROW_BYTES // 2, dtype="bfloat16", num_blocks=num_blocks)
-        self.table = EntryTable(
-            num_blocks, min_run=layout.blocks_for(MIN_RUN_BYTES), max_runs=MAX_ENTRY_RUNS
-        )
+        self.table = EntryTable(num_blocks, min_run=layout.blocks_for(MIN_RUN_BYTES), max_runs=MAX_ENTRY_RUNS)
         self.phase_of = self.table.phase_of
         self.lock = threading.RLock()
         self.now = 0.0
