@@ -10,11 +10,11 @@ engine stepping for nothing). A watcher thread therefore reports copies that end
 every copier and region call is made under one lock. The watcher keeps off the step thread's way:
 it sleeps one interval after being woken (the copies of the launch that woke it have just begun)
 and polls only once the step thread has not flushed for an interval (while steps come that often,
-they report what ends). A poll at the moment of the launch took the GIL and the lock from the step
-thread: on the H200, 32-entry launches through this class timed 10-50 µs longer (p10) with the
-watcher than without (docs/benchmarks.md, session 11). Reports that find the rank's completion
-ring full (more than its slots in one step) wait in order and are posted as the scheduler side
-drains.
+they report what ends); a flush that leaves nothing in flight puts it back to sleep. A poll at the
+moment of the launch took the GIL and the lock from the step thread: on the H200, 32-entry launches
+through this class timed 10-50 µs longer (p10) with the watcher than without (docs/benchmarks.md,
+session 11). Reports that find the rank's completion ring full (more than its slots in one step)
+wait in order and are posted as the scheduler side drains.
 """
 
 from __future__ import annotations
@@ -127,6 +127,10 @@ class TierWorker:
         if still_running:
             self._ensure_watcher()
             self._wake.set()
+        elif self._wake.is_set():
+            # nothing in flight or waiting: the watcher sleeps until copies start again (only this
+            # thread starts them), instead of waking each interval to find steps still flowing
+            self._wake.clear()
 
     def _launch(self, batch: list[SaveJob]) -> None:
         try:

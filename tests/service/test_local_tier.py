@@ -317,6 +317,20 @@ def test_the_watcher_leaves_the_copier_alone_while_steps_keep_flushing():
     worker.close()
 
 
+def test_a_step_that_reports_the_last_copy_itself_puts_the_watcher_to_sleep():
+    eng = Engine(hold=True)
+    worker = eng.workers[0]
+    worker._watch_interval_s = 0.5
+    eng.step([("a", 2)])  # in flight: the flush woke the watcher
+    assert worker._wake.is_set()
+    eng.copiers[0].release_held()
+    worker.flush()  # the next step reports the end before the watcher's interval is up
+    eng.scheduler.poll()
+    assert eng.scheduler.table.is_ready("a")
+    assert not worker._wake.is_set()  # nothing in flight: no wake-ups until copies start again
+    worker.close()
+
+
 def test_worker_close_reports_copies_still_in_flight():
     eng = Engine(hold=True)
     eng.step([("a", 2)])
