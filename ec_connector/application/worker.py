@@ -29,7 +29,7 @@ from typing import Any
 import structlog
 
 from ec_connector.domain.config import Role
-from ec_connector.domain.errors import CompletionRingFull, LayoutMismatch
+from ec_connector.domain.errors import LayoutMismatch
 from ec_connector.domain.transfers import Completion, PlannedCopy, SaveJob, StepPlan
 from ec_connector.logging import debug_enabled
 from ec_connector.ports.copier import Copier
@@ -194,27 +194,50 @@ class TierWorker:
         return self._copier.in_flight() > 0 or bool(self._unposted)
 
     def _report(self, ticket: int, *, ok: bool) -> None:
+        self._report_many([ticket], ok=ok)
+
+    def _report_many(self, tickets: list[int], *, ok: bool) -> None:
+        """Post reports in order: at once when none wait, else behind those that wait."""
         with self._lock:  # one writer per rank's ring: the step thread or the watcher
-            self._unposted.append(Completion(self._rank, ticket, ok))
+            if not self._unposted:
+                posted = self._post(tickets, ok)
+                if posted == len(tickets):
+                    return
+                tickets = tickets[posted:]
+            self._unposted.extend(Completion(self._rank, t, ok) for t in tickets)
             self._post_unposted()
 
     def _post_unposted(self) -> None:
-        """Post waiting reports in order; those that find the ring full wait for the next try."""
+        """Post waiting reports in order, runs of one outcome at a time; stops at a full ring."""
         unposted = self._unposted
         while unposted:
-            try:
-                self._region.post_completion(unposted[0])
-            except CompletionRingFull:
-                if not self._ring_full:
-                    self._ring_full = True
-                    log.warning("completion_ring_full", rank=self._rank, waiting=len(unposted))
+            ok = unposted[0].ok
+            run = []
+            for waiting in unposted:
+                if waiting.ok is not ok:
+                    break
+                run.append(waiting.ticket)
+            posted = self._post(run, ok)
+            for _ in range(posted):
+                unposted.popleft()
+            if posted < len(run):
                 return
-            unposted.popleft()
-        self._ring_full = False
+
+    def _post(self, tickets: list[int], ok: bool) -> int:
+        """One post into the rank's ring (one pass over the slots, one count update); how many fit."""
+        posted = self._region.post_completions(self._rank, tickets, ok=ok)
+        if posted < len(tickets):
+            if not self._ring_full:
+                self._ring_full = True
+                log.warning("completion_ring_full", rank=self._rank, not_posted=len(tickets) - posted)
+        else:
+            self._ring_full = False
+        return posted
 
     def _report_ended(self) -> None:
-        for ticket in self._copier.poll():
-            self._report(ticket, ok=True)
+        ended = self._copier.poll()
+        if ended:
+            self._report_many(ended, ok=True)
 
     def _ensure_watcher(self) -> None:
         if self._watcher is None and not self._stopping:

@@ -34,9 +34,5 @@ class RegionError(ECConnectorError, OSError):
     """The shared region cannot be created, joined or trusted: check the named file."""
 
 
-class CompletionRingFull(RegionError):
-    """A rank's completion ring holds as many unread reports as it has slots: post again after a drain."""
-
-
 class ProtocolError(ECConnectorError, ValueError):
     """A peer sent something outside the protocol: drop the frame and count it."""

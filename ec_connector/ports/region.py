@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Protocol
 
 from ec_connector.domain.layout import Layout
@@ -23,12 +24,14 @@ class Region(Protocol):
         """The writable data area, `layout.data_bytes` long; owned by the region, valid until close."""
         ...
 
-    def post_completion(self, completion: Completion) -> None:
-        """Record that a rank finished a copy; non-blocking; safe from any local process.
+    def post_completions(self, rank: int, tickets: Sequence[int], *, ok: bool = True) -> int:
+        """Record that rank `rank` finished (`ok`) or gave up on (not `ok`) the copies under
+        `tickets`, in order; non-blocking; safe from any local process.
 
-        Raises ValueError for a rank outside 0..ranks-1 or a ticket outside 1..2**62-1, and
-        RegionError when the reader has fallen so far behind that the report cannot be kept
-        (a report is never dropped or overwritten silently).
+        Returns how many were recorded: all of them, or the first ones that fit when the reader has
+        fallen so far behind that no more can be kept; the caller posts the rest later (a report is
+        never dropped or overwritten). Raises ValueError, recording none, for a rank outside
+        0..ranks-1 or any ticket outside 1..2**62-1, and RegionError once the region is closed.
         """
         ...
 

@@ -93,7 +93,7 @@ def test_completions_are_drained_once_in_posting_order_per_rank(region: Region) 
         Completion(2, 11),
     ]
     for c in posted:
-        region.post_completion(c)
+        assert region.post_completions(c.rank, [c.ticket]) == 1
     drained = region.drain_completions()
 
     def key(c: Completion) -> tuple[int, int]:
@@ -106,9 +106,9 @@ def test_completions_are_drained_once_in_posting_order_per_rank(region: Region) 
 
 
 def test_failure_flag_and_largest_ticket_survive_the_round_trip(region: Region) -> None:
-    region.post_completion(Completion(1, 7, ok=False))
-    region.post_completion(Completion(1, 2**62 - 1, ok=True))
-    region.post_completion(Completion(0, 2**62 - 1, ok=False))
+    region.post_completions(1, [7], ok=False)
+    region.post_completions(1, [2**62 - 1], ok=True)
+    region.post_completions(0, [2**62 - 1], ok=False)
     drained = region.drain_completions()
     assert [c for c in drained if c.rank == 1] == [
         Completion(1, 7, ok=False),
@@ -124,7 +124,7 @@ def test_many_completions_drained_in_rounds_each_once(region: Region) -> None:
     for _ in range(4):  # 4 × 1500 posts on rank 0 wraps a 4096-slot ring
         for _ in range(1500):
             c = Completion(0, ticket, ok=ticket % 7 != 0)
-            region.post_completion(c)
+            region.post_completions(0, [ticket], ok=c.ok)
             expected.append(c)
             ticket += 1
         got.extend(region.drain_completions())
@@ -137,12 +137,12 @@ def test_close_is_idempotent(region: Region) -> None:
 
 
 def test_closed_region_refuses_data_and_posts_and_drains_nothing(region: Region) -> None:
-    region.post_completion(Completion(0, 1))
+    region.post_completions(0, [1])
     region.close()
     with pytest.raises(RegionError):
         region.data()
     with pytest.raises(RegionError):
-        region.post_completion(Completion(0, 2))
+        region.post_completions(0, [2])
     assert region.drain_completions() == []
 
 
@@ -154,14 +154,32 @@ def test_regions_made_by_the_factory_are_independent(region_factory: RegionFacto
     assert bytes(va[:4]) == b"AAAA"
     va.release()
     vb.release()
-    a.post_completion(Completion(0, 1))
+    a.post_completions(0, [1])
     assert b.drain_completions() == []
     assert a.drain_completions() == [Completion(0, 1)]
 
 
-@pytest.mark.parametrize("rank, ticket", [(-1, 1), (RANKS, 1), (0, 0), (0, 1 << 62)])
+@pytest.mark.parametrize("rank, ticket", [(-1, 1), (RANKS, 1), (0, 0), (0, 1 << 62), (0, True), (0, 2.0)])
 def test_completion_with_bad_rank_or_ticket_is_rejected(region_factory, rank, ticket):
     region = region_factory()
-    with pytest.raises(ValueError):
-        region.post_completion(Completion(rank, ticket))
+    with pytest.raises(ValueError, match="rank|ticket"):
+        region.post_completions(rank, [ticket])
+    assert region.drain_completions() == []
+
+
+def test_a_batch_of_completions_is_recorded_in_order_with_its_outcome(region: Region) -> None:
+    assert region.post_completions(1, [4, 2, 9]) == 3
+    assert region.post_completions(1, [3], ok=False) == 1
+    assert region.post_completions(0, []) == 0
+    assert region.drain_completions() == [
+        Completion(1, 4),
+        Completion(1, 2),
+        Completion(1, 9),
+        Completion(1, 3, ok=False),
+    ]
+
+
+def test_one_bad_ticket_in_a_batch_records_none_of_it(region: Region) -> None:
+    with pytest.raises(ValueError, match=f"ticket {2**62} is outside"):
+        region.post_completions(0, [1, 2, 2**62, 3])
     assert region.drain_completions() == []

@@ -88,14 +88,9 @@ for line in sys.stdin:
         elif op == "post":
             full = 0
             for n in range(cmd["first"], cmd["first"] + cmd["count"]):
-                c = Completion(cmd["rank"], n, ok=n % 7 != 0)
-                while True:
-                    try:
-                        region.post_completion(c)
-                        break
-                    except RegionError:
-                        full += 1
-                        time.sleep(0.0002)
+                while not region.post_completions(cmd["rank"], [n], ok=n % 7 != 0):
+                    full += 1  # the ring is full until the reader drains it
+                    time.sleep(0.0002)
             reply(full=full)
         elif op == "close":
             region.close()
@@ -491,16 +486,28 @@ def test_an_unjoined_forked_copy_closing_does_not_drop_the_owners_lock(shm_dir: 
 # -- completions: bad input and back pressure -------------------------------------------------
 
 
-def test_a_full_ring_refuses_posts_and_never_overwrites(shm_dir: Path) -> None:
+def test_a_full_ring_records_what_fits_and_never_overwrites(shm_dir: Path) -> None:
     with _open(_instance(), shm_dir, ranks=2, ring_slots=8) as region:
-        for n in range(8):
-            region.post_completion(Completion(1, n + 1))
-        with pytest.raises(RegionError, match="rank 1 .* is full"):
-            region.post_completion(Completion(1, 99))
-        region.post_completion(Completion(0, 5))  # other ranks are unaffected
-        assert region.drain_completions() == [Completion(0, 5)] + [Completion(1, n + 1) for n in range(8)]
-        region.post_completion(Completion(1, 100))
-        assert region.drain_completions() == [Completion(1, 100)]
+        assert region.post_completions(1, [n + 1 for n in range(6)]) == 6
+        assert region.post_completions(1, [7, 8, 9, 10], ok=False) == 2  # the first two fit
+        assert region.post_completions(1, [99]) == 0
+        assert region.post_completions(0, [5]) == 1  # other ranks are unaffected
+        assert region.drain_completions() == [Completion(0, 5)] + [Completion(1, n + 1) for n in range(6)] + [
+            Completion(1, 7, ok=False),
+            Completion(1, 8, ok=False),
+        ]
+        assert region.post_completions(1, [9, 10, 100], ok=False) == 3  # the rest, after the drain
+        assert region.drain_completions() == [Completion(1, t, ok=False) for t in (9, 10, 100)]
+
+
+def test_batches_that_wrap_around_the_ring_drain_in_order(shm_dir: Path) -> None:
+    with _open(_instance(), shm_dir, ranks=1, ring_slots=8) as region:
+        ticket = 1
+        for size in (6, 5, 8, 3, 7):  # every batch after the first starts where the last ended
+            tickets = list(range(ticket, ticket + size))
+            assert region.post_completions(0, tickets, ok=size % 2 == 0) == size
+            assert region.drain_completions() == [Completion(0, t, ok=size % 2 == 0) for t in tickets]
+            ticket += size
 
 
 @pytest.mark.parametrize(
@@ -515,7 +522,7 @@ def test_a_full_ring_refuses_posts_and_never_overwrites(shm_dir: Path) -> None:
 def test_bad_rank_or_ticket_is_refused_by_name(completion: Completion, match: str, shm_dir: Path) -> None:
     with _open(_instance(), shm_dir, ranks=2) as region:
         with pytest.raises(ValueError, match=match):
-            region.post_completion(completion)
+            region.post_completions(completion.rank, [1, completion.ticket])
         assert region.drain_completions() == []
 
 

@@ -62,3 +62,43 @@ def test_reports_beyond_the_ring_wait_and_arrive_in_order(shm_dir: Path) -> None
     finally:
         worker.close()
         region.close()
+
+
+def test_failed_and_finished_reports_keep_their_order_and_outcome_through_a_full_ring(shm_dir: Path) -> None:
+    region = ShmRegion.open(instance="ringmixed", dp_rank=0, layout=LAYOUT, shm_dir=shm_dir, ring_slots=SLOTS)
+    worker = TierWorker(
+        role=Role.BOTH,
+        rank=0,
+        writer=True,
+        region=region,
+        copier=TorchCopier(region, device="cpu"),
+        watch_interval_s=0.001,
+    )
+    try:
+        saves = tuple(PlannedCopy(i + 1, f"k{i}", (Extent(2 * i, 2),), 2) for i in range(ITEMS))
+        # every third payload has the wrong width: its save fails, the others are copied
+        cache = {
+            c.key: torch.zeros((2, 8 if i % 3 == 0 else 16), dtype=torch.bfloat16)
+            for i, c in enumerate(saves)
+        }
+        worker.bind(StepPlan(saves=saves))
+        for key in cache:
+            worker.save(cache, key)
+        worker.clear()
+
+        seen: list[tuple[int, bool]] = []
+        deadline = time.monotonic() + 10
+        while len(seen) < ITEMS:
+            drained = region.drain_completions()
+            assert len(drained) <= SLOTS
+            seen += [(c.ticket, c.ok) for c in drained]
+            assert time.monotonic() < deadline, f"reports stopped arriving after {seen}"
+            time.sleep(0.005)
+        failed = [c.ticket for i, c in enumerate(saves) if i % 3 == 0]
+        finished = [c.ticket for i, c in enumerate(saves) if i % 3 != 0]
+        assert [t for t, ok in seen if not ok] == failed  # reported as the batch was refused, in order
+        assert [t for t, ok in seen if ok] == finished
+        assert sorted(t for t, _ in seen) == [c.ticket for c in saves]
+    finally:
+        worker.close()
+        region.close()

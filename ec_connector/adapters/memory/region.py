@@ -1,6 +1,12 @@
-"""A region in process memory: a bytearray data area and a list of posted completions."""
+"""A region in process memory: a bytearray data area and a list of posted completions.
+
+Its completion list has no capacity: a post always records every ticket (the /dev/shm region's
+rings can fill; `tests/contract/test_shm_region.py` covers that).
+"""
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 from ec_connector.domain.errors import RegionError
 from ec_connector.domain.layout import Layout
@@ -34,14 +40,16 @@ class MemoryRegion:
             raise RegionError(f"region {self._name!r} is closed")
         return memoryview(self._data)
 
-    def post_completion(self, completion: Completion) -> None:
+    def post_completions(self, rank: int, tickets: Sequence[int], *, ok: bool = True) -> int:
         if self._data is None:
             raise RegionError(f"region {self._name!r} is closed")
-        if not 0 <= completion.rank < self._ranks:
-            raise ValueError(f"rank {completion.rank} is outside 0..{self._ranks - 1}")
-        if not 0 < completion.ticket < TICKET_LIMIT:
-            raise ValueError(f"ticket {completion.ticket} is outside 1..2**62-1")
-        self._completions.append(completion)
+        if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < self._ranks:
+            raise ValueError(f"completion rank {rank!r} is outside 0..{self._ranks - 1}")
+        for ticket in tickets:
+            if type(ticket) is not int or not 0 < ticket < TICKET_LIMIT:
+                raise ValueError(f"completion ticket {ticket!r} is outside 1..2**62-1")
+        self._completions.extend(Completion(rank, ticket, ok) for ticket in tickets)
+        return len(tickets)
 
     def drain_completions(self) -> list[Completion]:
         out, self._completions = self._completions, []

@@ -26,6 +26,7 @@ import mmap
 import os
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import structlog
@@ -160,10 +161,10 @@ class ShmRegion:
         start = self._geo.data_offset
         return view[start : start + self._layout.data_bytes]
 
-    def post_completion(self, completion: Completion) -> None:
-        """Append to rank `completion.rank`'s ring; RegionError if it is full, ValueError if bad."""
+    def post_completions(self, rank: int, tickets: Sequence[int], *, ok: bool = True) -> int:
+        """Append `tickets` to rank `rank`'s ring; how many fitted (see the port); ValueError if bad."""
         self._live_view()
-        self._rings.post(completion)
+        return self._rings.post(rank, tickets, ok)
 
     def drain_completions(self) -> list[Completion]:
         """Everything posted since the last drain, in posting order per rank; [] once closed."""

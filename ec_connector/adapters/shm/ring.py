@@ -2,8 +2,8 @@
 
 Rank r's worker is the only writer of ring r (its slots and its write count); the scheduler-side
 process is the only reader (it publishes its read cursor). Counts only grow, so `count - cursor`
-is the number of unread entries; a writer whose ring holds `slots` unread entries refuses the
-post instead of overwriting or waiting.
+is the number of unread entries. A post of several tickets writes the slots of those that fit and
+then the count once; it never overwrites an unread slot or waits: the writer posts the rest later.
 
 Ordering. Each u64 is one aligned 8-byte store/load through `memoryview.cast("Q")`, so it is
 never torn. The writer stores the slot, then the count; the reader loads the count, then the
@@ -18,24 +18,16 @@ failed, bits 0..61 the ticket (< 2**62).
 from __future__ import annotations
 
 import threading
+from collections.abc import Sequence
 
-from ec_connector.domain.errors import CompletionRingFull, RegionError
+from ec_connector.domain.errors import RegionError
 from ec_connector.domain.transfers import TICKET_LIMIT, Completion
 
 from .header import READ_CURSOR_OFFSET, RING_HEAD, Geometry
 
 _PRESENT = 1 << 63
 _FAILED = 1 << 62
-
-
-def encode(ticket: int, ok: bool) -> int:
-    return _PRESENT | (0 if ok else _FAILED) | ticket
-
-
-def decode(rank: int, word: int) -> Completion:
-    if not word & _PRESENT:
-        raise RegionError(f"completion ring of rank {rank} holds an empty slot below its write count")
-    return Completion(rank, word & (TICKET_LIMIT - 1), ok=not word & _FAILED)
+_TICKET = TICKET_LIMIT - 1
 
 
 class CompletionRings:
@@ -56,43 +48,58 @@ class CompletionRings:
     def _slot_word(self, rank: int, n: int) -> int:
         return (self._geo.ring_offset(rank) + RING_HEAD) // 8 + n % self._geo.ring_slots
 
-    def check(self, completion: Completion) -> None:
-        rank, ticket = completion.rank, completion.ticket
+    def check(self, rank: int, tickets: Sequence[int]) -> None:
+        """ValueError naming the first bad rank or ticket."""
         if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < self._geo.ranks:
             raise ValueError(
                 f"completion rank {rank!r} is outside 0..{self._geo.ranks - 1} (region {self._name} "
                 f"has {self._geo.ranks} ranks)"
             )
-        if isinstance(ticket, bool) or not isinstance(ticket, int) or not 0 < ticket < TICKET_LIMIT:
-            raise ValueError(f"completion ticket {ticket!r} is outside 1..2**62-1")
+        for ticket in tickets:
+            if type(ticket) is not int or not 0 < ticket < TICKET_LIMIT:
+                raise ValueError(f"completion ticket {ticket!r} is outside 1..2**62-1")
 
-    def post(self, completion: Completion) -> None:
-        self.check(completion)
-        rank, w = completion.rank, self._words
+    def post(self, rank: int, tickets: Sequence[int], ok: bool) -> int:
+        """Append `tickets` to rank `rank`'s ring, in order; how many fitted (the first ones)."""
+        self.check(rank, tickets)
+        w, slots = self._words, self._geo.ring_slots
+        head = (self._geo.ring_offset(rank) + RING_HEAD) // 8
+        count_word, cursor_word = self._count_word(rank), self._cursor_word(rank)
+        flag = _PRESENT if ok else _PRESENT | _FAILED
         with self._post_lock:
-            count = w[self._count_word(rank)]
-            unread = count - w[self._cursor_word(rank)]
-            if unread >= self._geo.ring_slots:
-                raise CompletionRingFull(
-                    f"completion ring of rank {rank} in {self._name} is full ({unread} unread of "
-                    f"{self._geo.ring_slots}): the scheduler side has stopped draining completions"
-                )
-            w[self._slot_word(rank, count)] = encode(completion.ticket, completion.ok)
-            w[self._count_word(rank)] = count + 1  # after the slot: see the module docstring
+            count = w[count_word]
+            n = min(len(tickets), slots - (count - w[cursor_word]))
+            if n <= 0:
+                return 0
+            for i in range(n):
+                w[head + (count + i) % slots] = flag | tickets[i]
+            w[count_word] = count + n  # after the slots: see the module docstring
+        return n
 
     def drain(self) -> list[Completion]:
         out: list[Completion] = []
-        w = self._words
+        w, slots = self._words, self._geo.ring_slots
         for rank in range(self._geo.ranks):
             cursor = w[self._cursor_word(rank)]
             count = w[self._count_word(rank)]
             if count == cursor:
                 continue
-            if not 0 < count - cursor <= self._geo.ring_slots:
+            if not 0 < count - cursor <= slots:
                 raise RegionError(
                     f"completion ring of rank {rank} in {self._name} is corrupt: write count {count}, "
                     f"read cursor {cursor}"
                 )
-            out.extend(decode(rank, w[self._slot_word(rank, n)]) for n in range(cursor, count))
+            head = (self._geo.ring_offset(rank) + RING_HEAD) // 8
+            first, last = cursor % slots, count % slots
+            if first < last:
+                words = w[head + first : head + last].tolist()
+            else:  # the unread slots wrap around the end of the ring
+                words = w[head + first : head + slots].tolist() + w[head : head + last].tolist()
+            for word in words:
+                if not word & _PRESENT:
+                    raise RegionError(
+                        f"completion ring of rank {rank} holds an empty slot below its write count"
+                    )
+                out.append(Completion(rank, word & _TICKET, not word & _FAILED))
             w[self._cursor_word(rank)] = count  # after reading the slots: frees them for the writer
         return out
