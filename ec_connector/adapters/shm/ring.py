@@ -45,8 +45,9 @@ class CompletionRings:
     def _cursor_word(self, rank: int) -> int:
         return (self._geo.ring_offset(rank) + READ_CURSOR_OFFSET) // 8
 
-    def _slot_word(self, rank: int, n: int) -> int:
-        return (self._geo.ring_offset(rank) + RING_HEAD) // 8 + n % self._geo.ring_slots
+    def _head_word(self, rank: int) -> int:
+        """The word of rank `rank`'s slot 0 (entry n lies at slot n % ring_slots)."""
+        return (self._geo.ring_offset(rank) + RING_HEAD) // 8
 
     def check(self, rank: int, tickets: Sequence[int]) -> None:
         """ValueError naming the first bad rank or ticket."""
@@ -63,7 +64,7 @@ class CompletionRings:
         """Append `tickets` to rank `rank`'s ring, in order; how many fitted (the first ones)."""
         self.check(rank, tickets)
         w, slots = self._words, self._geo.ring_slots
-        head = (self._geo.ring_offset(rank) + RING_HEAD) // 8
+        head = self._head_word(rank)
         count_word, cursor_word = self._count_word(rank), self._cursor_word(rank)
         flag = _PRESENT if ok else _PRESENT | _FAILED
         with self._post_lock:
@@ -89,7 +90,7 @@ class CompletionRings:
                     f"completion ring of rank {rank} in {self._name} is corrupt: write count {count}, "
                     f"read cursor {cursor}"
                 )
-            head = (self._geo.ring_offset(rank) + RING_HEAD) // 8
+            head = self._head_word(rank)
             first, last = cursor % slots, count % slots
             if first < last:
                 words = w[head + first : head + last].tolist()
