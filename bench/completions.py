@@ -7,7 +7,10 @@ single-process executor, on the step thread itself. Here, over a real /dev/shm r
 - `report`: `TierWorker._report_ended` for `--batch` ended tickets, as the product does it (one
   `post_completions` call for the batch), beside the same tickets posted one call each (the shape of
   the per-completion post this replaced in session 11), alternating call by call;
-- `drain`: `drain_completions` of `--batch` posted tickets.
+- `drain`: `drain_completions` of `--batch` posted tickets;
+- `events`: the `--batch` STORED events those saves publish on the event feed (`ZmqEventSink`, a
+  subscriber connected over TCP), beside the same with the XPUB socket's subscription messages
+  looked for at every publish (`SUBSCRIPTIONS_EVERY = 1`, as before session 11), in turn.
 
     python bench/completions.py            # 32 tickets, 2000 rounds
     python bench/completions.py --batch 256
@@ -24,11 +27,15 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+import zmq  # noqa: E402
+
 from bench.common import scratch_shm_dir  # noqa: E402
 from ec_connector.adapters.shm import ShmRegion  # noqa: E402
+from ec_connector.adapters.zmq_control import events as feed_module  # noqa: E402
 from ec_connector.application.worker import TierWorker  # noqa: E402
 from ec_connector.domain.config import Role  # noqa: E402
 from ec_connector.domain.layout import Layout  # noqa: E402
+from ec_connector.domain.transfers import CacheEvent, EventKind  # noqa: E402
 
 
 class EndedCopies:
@@ -93,12 +100,49 @@ def main(argv: list[str] | None = None) -> None:
                 times["drain"].append(drain)
         worker.close()
         region.close()
+    times.update(events(args.batch, args.rounds))
     med = {k: statistics.median(v) * 1e6 for k, v in times.items()}
     print(f"# {args.batch} tickets per step, {args.rounds} rounds; median us")
     print(f"report (one post per batch)   {med['report']:8.1f}")
     print(f"one post call per ticket      {med['one call per ticket']:8.1f}")
     print(f"ratio                         {med['report'] / med['one call per ticket']:8.2f}")
     print(f"drain                         {med['drain']:8.1f}")
+    print(f"events                        {med['events']:8.1f}")
+    print(f"events, subscriptions each    {med['events, subscriptions each']:8.1f}")
+    print(f"ratio                         {med['events'] / med['events, subscriptions each']:8.2f}")
+
+
+def events(batch: int, rounds: int) -> dict[str, list[float]]:
+    """Host time of publishing `batch` events, the shipped sink against one that reads its
+    subscription messages at every publish; a SUB socket connected and drained between rounds."""
+    out: dict[str, list[float]] = {"events": [], "events, subscriptions each": []}
+    every = feed_module.SUBSCRIPTIONS_EVERY
+    sink = feed_module.ZmqEventSink("tcp://127.0.0.1:*")
+    context = zmq.Context()
+    sub = context.socket(zmq.SUB)
+    sub.connect(sink.address)
+    sub.setsockopt(zmq.SUBSCRIBE, b"ec.")
+    event = CacheEvent(EventKind.STORED, "m" * 64, "engine-0", 1 << 20)
+    while not sub.poll(20):  # until the subscription has reached the publisher
+        sink.publish(event)
+    try:
+        for i in range(rounds + 50):
+            for label, period in (("events", every), ("events, subscriptions each", 1)):
+                feed_module.SUBSCRIPTIONS_EVERY = period
+                t0 = time.perf_counter()
+                for _ in range(batch):
+                    sink.publish(event)
+                spent = time.perf_counter() - t0
+                while sub.poll(0):
+                    sub.recv_multipart()
+                if i >= 50:
+                    out[label].append(spent)
+    finally:
+        feed_module.SUBSCRIPTIONS_EVERY = every
+        sub.close(linger=0)
+        context.term()
+        sink.close()
+    return out
 
 
 if __name__ == "__main__":
