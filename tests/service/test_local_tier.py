@@ -291,7 +291,7 @@ def test_the_watcher_leaves_the_copier_alone_while_steps_keep_flushing():
 
     eng = Engine(hold=True)
     worker, copier = eng.workers[0], eng.copiers[0]
-    worker._watch_interval_s = 0.05
+    worker._watch_interval_s = 0.1
     step_thread = threading.get_ident()
     pollers: list[int] = []
     real_poll = copier.poll
@@ -303,7 +303,7 @@ def test_the_watcher_leaves_the_copier_alone_while_steps_keep_flushing():
     copier.poll = poll  # type: ignore[method-assign]
     eng.step([("a", 2)])  # a save in flight: the flush wakes the watcher
     until = time.monotonic() + 0.5
-    while time.monotonic() < until:  # steps ten times as often as the interval
+    while time.monotonic() < until:  # steps twenty times as often as the interval
         worker.flush()
         time.sleep(0.005)
     by_watcher = [t for t in pollers if t != step_thread]
