@@ -125,9 +125,9 @@ def documented_series() -> dict[str, tuple[str, str | None]]:
 @pytest.fixture(scope="module")
 def server(vllm_python, tiny_vlm_dir, tmp_path_factory) -> Iterator[dict]:
     work = tmp_path_factory.mktemp("metrics_server")
-    port, feed_port = free_port(), free_port()
+    port = free_port()
     engine_id = f"it-metrics-{uuid.uuid4().hex[:6]}"
-    feed = f"tcp://127.0.0.1:{feed_port}"
+    feed = f"ipc://{work}/feed"  # a path of its own: no port picked in advance that another could take
     config = {
         "ec_connector": "ECTierConnector",
         "ec_connector_module_path": "ec_connector.adapters.vllm",
