@@ -6,6 +6,7 @@ report them back through the region's completion table, one report per rank.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import Enum
 from typing import NamedTuple
@@ -56,6 +57,18 @@ class SaveJob:
 
     copy: PlannedCopy
     payload: object
+
+
+def check_completions(rank: int, tickets: Sequence[int], *, ranks: int, region: str) -> None:
+    """ValueError naming the first bad value of a report: a rank outside 0..ranks-1, or a ticket that
+    is not an int in 1..2**62-1 (what every region's completion table can hold)."""
+    if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < ranks:
+        raise ValueError(
+            f"completion rank {rank!r} is outside 0..{ranks - 1} (region {region} has {ranks} ranks)"
+        )
+    for ticket in tickets:
+        if type(ticket) is not int or not 0 < ticket < TICKET_LIMIT:
+            raise ValueError(f"completion ticket {ticket!r} is outside 1..2**62-1")
 
 
 class Completion(NamedTuple):

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 
 from ec_connector.domain.errors import RegionError
 from ec_connector.domain.layout import Layout
-from ec_connector.domain.transfers import TICKET_LIMIT, Completion
+from ec_connector.domain.transfers import Completion, check_completions
 
 
 class MemoryRegion:
@@ -43,11 +43,7 @@ class MemoryRegion:
     def post_completions(self, rank: int, tickets: Sequence[int], *, ok: bool = True) -> int:
         if self._data is None:
             raise RegionError(f"region {self._name!r} is closed")
-        if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < self._ranks:
-            raise ValueError(f"completion rank {rank!r} is outside 0..{self._ranks - 1}")
-        for ticket in tickets:
-            if type(ticket) is not int or not 0 < ticket < TICKET_LIMIT:
-                raise ValueError(f"completion ticket {ticket!r} is outside 1..2**62-1")
+        check_completions(rank, tickets, ranks=self._ranks, region=self._name)
         self._completions.extend(Completion(rank, ticket, ok) for ticket in tickets)
         return len(tickets)
 

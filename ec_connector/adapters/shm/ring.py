@@ -21,7 +21,7 @@ import threading
 from collections.abc import Sequence
 
 from ec_connector.domain.errors import RegionError
-from ec_connector.domain.transfers import TICKET_LIMIT, Completion
+from ec_connector.domain.transfers import TICKET_LIMIT, Completion, check_completions
 
 from .header import READ_CURSOR_OFFSET, RING_HEAD, Geometry
 
@@ -49,20 +49,9 @@ class CompletionRings:
         """The word of rank `rank`'s slot 0 (entry n lies at slot n % ring_slots)."""
         return (self._geo.ring_offset(rank) + RING_HEAD) // 8
 
-    def check(self, rank: int, tickets: Sequence[int]) -> None:
-        """ValueError naming the first bad rank or ticket."""
-        if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < self._geo.ranks:
-            raise ValueError(
-                f"completion rank {rank!r} is outside 0..{self._geo.ranks - 1} (region {self._name} "
-                f"has {self._geo.ranks} ranks)"
-            )
-        for ticket in tickets:
-            if type(ticket) is not int or not 0 < ticket < TICKET_LIMIT:
-                raise ValueError(f"completion ticket {ticket!r} is outside 1..2**62-1")
-
     def post(self, rank: int, tickets: Sequence[int], ok: bool) -> int:
         """Append `tickets` to rank `rank`'s ring, in order; how many fitted (the first ones)."""
-        self.check(rank, tickets)
+        check_completions(rank, tickets, ranks=self._geo.ranks, region=self._name)
         w, slots = self._words, self._geo.ring_slots
         head = self._head_word(rank)
         count_word, cursor_word = self._count_word(rank), self._cursor_word(rank)
