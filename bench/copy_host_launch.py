@@ -8,7 +8,9 @@ that do not depend on our code (the driver's batched copy submission and torch's
 per-entry views) measured alongside.
 Every case's bytes are verified once. Each case is also timed through `TierWorker` as vLLM's step
 thread drives it (bind the step's plan, `save` per item then `flush`; or `start_loads`), which adds
-the per-item checks and the bookkeeping around the copier.
+the per-item checks and the bookkeeping around the copier. Saves are timed twice, in turn: with the
+save launcher (the product: a native thread hands copy-engine batches to the driver) and with the
+step thread making the driver call itself (`save_launcher=False`, the baseline; "inline" columns).
 
     python bench/copy_host_launch.py              # needs CUDA
     python bench/copy_host_launch.py --iters 500 --json host.json
@@ -109,6 +111,7 @@ def measure(
     layout = Layout(hidden_dim=width, dtype="bfloat16", num_blocks=blocks)
     region = MemoryRegion(layout)
     copier = TorchCopier(region, device="cuda", dma_min_bytes=dma_min_bytes)
+    inline = TorchCopier(region, device="cuda", dma_min_bytes=dma_min_bytes, save_launcher=False)
     if name.endswith("one output"):
         payloads = list(torch.randn(rows * len(extents), width, device="cuda").to(torch.bfloat16).split(rows))
     else:
@@ -116,6 +119,7 @@ def measure(
     tickets = iter(range(1, 1 << 60))
 
     worker = TierWorker(role=Role.BOTH, rank=0, writer=True, region=region, copier=copier)
+    inline_worker = TierWorker(role=Role.BOTH, rank=0, writer=True, region=region, copier=inline)
     cache = {f"k{i}": p for i, p in enumerate(payloads)}
 
     def host_time(launch: Callable[[], object], settle: Callable[[], object]) -> float:
@@ -128,18 +132,26 @@ def measure(
         settle()
         return dt
 
+    # Settling waits for every copy to be reported: a save's copies are queued by the launcher's
+    # thread, possibly after the device synchronize above (as the scheduler side waits for a save's
+    # completion before anything loads the entry).
     def settle_copier() -> None:
-        copier.poll()
-        copier.drain_timings()
+        for each in (copier, inline):
+            while each.in_flight():
+                each.poll()
+            each.drain_timings()
 
     def settle_worker() -> None:
-        worker.flush()
+        for each in (worker, inline_worker):
+            each.flush()
+            while each.has_in_flight():
+                each.flush()
         region.drain_completions()
 
-    def save() -> float:
+    def save(by: TorchCopier = copier) -> float:
         pairs = zip(extents, payloads, strict=True)
         jobs = [SaveJob(PlannedCopy(next(tickets), "k", e, rows), p) for e, p in pairs]
-        return host_time(lambda: copier.save(jobs), settle_copier)
+        return host_time(lambda: by.save(jobs), settle_copier)
 
     # The previous batch's outputs are dropped before the timed call, not inside it: freeing them
     # (32 views and their allocation, ~6 µs on the H200) is the encoder cache's later work, not the
@@ -158,15 +170,15 @@ def measure(
     def keyed() -> tuple[PlannedCopy, ...]:
         return tuple(PlannedCopy(next(tickets), k, e, rows) for k, e in zip(cache, extents, strict=True))
 
-    def worker_save() -> float:
+    def worker_save(by: TierWorker = worker) -> float:
         # what vLLM's step thread runs for a batch of offloads: the plan, save_caches per item, the flush
         plan = StepPlan(saves=keyed())
 
         def launch() -> None:
-            worker.bind(plan)
+            by.bind(plan)
             for key in cache:
-                worker.save(cache, key)
-            worker.flush()
+                by.save(cache, key)
+            by.flush()
 
         return host_time(launch, settle_worker)
 
@@ -188,7 +200,14 @@ def measure(
     # copier's own calls first, then the worker's: once the worker has started its watcher thread,
     # that thread polls the copier under the worker's lock, which the copier's own calls here do not
     # take (the copier is not thread-safe; in the connector only the worker calls it).
-    for pair in ({"save": save, "load": load}, {"worker_save": worker_save, "worker_load": worker_load}):
+    for pair in (
+        {"save": save, "save_inline": lambda: save(inline), "load": load},
+        {
+            "worker_save": worker_save,
+            "worker_save_inline": lambda: worker_save(inline_worker),
+            "worker_load": worker_load,
+        },
+    ):
         for call in pair.values():
             for _ in range(20):
                 call()
@@ -197,9 +216,11 @@ def measure(
             for label, call in pair.items():
                 times[label].append(call())
         result.update({label: percentiles(xs) for label, xs in times.items()})
-    save()
-    load()
-    result["bytes_ok"] = all(torch.equal(a, b) for a, b in zip(loaded, payloads, strict=True))
+    result["bytes_ok"] = True
+    for by in (inline, copier):
+        save(by)
+        load()
+        result["bytes_ok"] &= all(torch.equal(a, b) for a, b in zip(loaded, payloads, strict=True))
     copies = [PlannedCopy(next(tickets), "k", e, rows) for e in extents]
     row_bytes = layout.block_size_bytes
     planner = BatchPlanner(  # the CUDA engine's plan of this batch's load, alone
@@ -218,6 +239,7 @@ def measure(
         xs.append(time.perf_counter() - t0)
     result["plan_us"] = statistics.median(xs) * 1e6
     worker.close()
+    inline_worker.close()
     region.close()
     return result
 
@@ -331,19 +353,21 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def print_case(r: dict) -> None:
-    sv, ld = r["save"], r["load"]
+    def cell(label: str, t: dict) -> str:
+        return f"{label} {t['median_us']:7.1f} us ({t['p10_us']:.0f}-{t['p90_us']:.0f})"
+
+    saves = f"{cell('save', r['save'])}  {cell('inline', r['save_inline'])}"
+    ratio = r["save"]["median_us"] / r["save_inline"]["median_us"]
     print(
-        f"{r['case']:36s} runs {r['runs']:5d}  "
-        f"save {sv['median_us']:7.1f} us ({sv['p10_us']:.0f}-{sv['p90_us']:.0f})  "
-        f"load {ld['median_us']:7.1f} us ({ld['p10_us']:.0f}-{ld['p90_us']:.0f})  "
+        f"{r['case']:36s} runs {r['runs']:5d}  {saves} x{ratio:.2f}  {cell('load', r['load'])}  "
         f"plan {r['plan_us']:6.1f} us  bytes {'ok' if r['bytes_ok'] else 'WRONG'}",
         flush=True,
     )
-    ws, wl = r["worker_save"], r["worker_load"]
+    saves = f"{cell('save', r['worker_save'])}  {cell('inline', r['worker_save_inline'])}"
+    ratio = r["worker_save"]["median_us"] / r["worker_save_inline"]["median_us"]
     print(
-        f"{'  through TierWorker (bind, save x32, flush / start_loads)':42s} "
-        f"save {ws['median_us']:7.1f} us ({ws['p10_us']:.0f}-{ws['p90_us']:.0f})  "
-        f"load {wl['median_us']:7.1f} us ({wl['p10_us']:.0f}-{wl['p90_us']:.0f})",
+        f"{'  through TierWorker (bind, save x32, flush / start_loads)':58s} "
+        f"{saves} x{ratio:.2f}  {cell('load', r['worker_load'])}",
         flush=True,
     )
 
@@ -352,13 +376,13 @@ def print_best(passes: list[list[dict]]) -> None:
     """Per case and call, the lowest of the passes' medians and the highest: the host's load drifts
     over minutes on the GPU machine, and the lowest median is the code's cost at its quietest."""
     print(f"# best of {len(passes)} passes: lowest median us (highest)")
-    calls = ("save", "load", "worker_save", "worker_load")
-    print(f"{'case':36s} {'runs':>5s}  " + "  ".join(f"{c:>17s}" for c in calls))
+    calls = ("save", "save_inline", "load", "worker_save", "worker_save_inline", "worker_load")
+    print(f"{'case':36s} {'runs':>5s}  " + "  ".join(f"{c:>18s}" for c in calls))
     for i, first in enumerate(passes[0]):
         cells = []
         for call in calls:
             medians = [rows[i][call]["median_us"] for rows in passes]
-            cells.append(f"{min(medians):8.1f} ({max(medians):6.1f})")
+            cells.append(f"{min(medians):9.1f} ({max(medians):6.1f})")
         print(f"{first['case']:36s} {first['runs']:5d}  " + "  ".join(cells), flush=True)
 
 

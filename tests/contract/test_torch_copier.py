@@ -393,3 +393,74 @@ def test_runs_split_between_copy_engines_and_kernel_round_trip(
             drain(copier)
     finally:
         copier.close()
+
+
+# -- the save launcher (saves wholly on the copy engines, queued by a native thread) ----------------
+
+
+@CUDA
+@pytest.mark.parametrize("launcher", [True, False], ids=["launcher", "step-thread"])
+def test_a_save_waits_for_the_callers_queued_writes_to_its_payload(
+    region: MemoryRegion, launcher: bool
+) -> None:
+    """The payload is written on the caller's stream behind ~0.5 s of queued work when `save` is
+    called: the copy (queued by the launcher's thread, or by this one) must see the written bytes."""
+    copier = TorchCopier(region, device="cuda", save_launcher=launcher)
+    try:
+        extents = (Extent(100, 64), Extent(3000, 64))  # two long runs: copy engines only
+        wanted = payload(128, LAYOUT, "cuda", seed=21)
+        src = torch.zeros_like(wanted)
+        torch.cuda._sleep(500_000_000)
+        src.copy_(wanted)  # queued behind the sleep: not yet written when save() returns
+        copier.save([SaveJob(planned(extents), src)])
+        assert copier.poll() == []
+        drain(copier)
+        assert region_bytes(region, extents) == as_bytes(wanted)
+    finally:
+        copier.close()
+
+
+@CUDA
+def test_launched_saves_kernel_saves_and_loads_interleave_with_the_right_bytes(region: MemoryRegion) -> None:
+    """Copy-engine saves go through the launcher's thread, saves with short runs through the kernel on
+    this thread; batches of both, and loads of what has landed, in any order, each report once."""
+    copier = TorchCopier(region, device="cuda", dma_min_bytes=8 * LAYOUT.block_size_bytes)
+    rng = random.Random(5)
+    free = list(range(0, LAYOUT.num_blocks - 16, 16))
+    rng.shuffle(free)
+    landed: list[tuple[tuple[Extent, ...], torch.Tensor]] = []
+    try:
+        for round_ in range(12):
+            long_runs = [(Extent(free.pop(), 16),) for _ in range(3)]  # copy engines
+            short_runs = [tuple(Extent(free.pop(), 1) for _ in range(20))]  # 20 short runs: kernel
+            batch = long_runs if round_ % 2 else long_runs + short_runs
+            sources = payloads(batch, LAYOUT, "cuda")
+            sources = [s.roll(round_, 0) for s in sources]
+            saves = [planned(ext) for ext in batch]
+            copier.save([SaveJob(c, s) for c, s in zip(saves, sources, strict=True)])
+            if landed:
+                ext, src = landed[rng.randrange(len(landed))]
+                loads = [planned(ext)]
+                [out] = copier.load(loads)
+                assert as_bytes(out) == as_bytes(src)
+            seen = drain(copier)
+            assert sorted(seen) == sorted([c.ticket for c in saves] + ([loads[0].ticket] if landed else []))
+            landed += zip(batch, sources, strict=True)
+        for ext, src in landed:
+            assert region_bytes(region, ext) == as_bytes(src)
+    finally:
+        copier.close()
+
+
+@CUDA
+def test_close_waits_for_saves_the_launcher_has_not_queued_yet(region: MemoryRegion) -> None:
+    """Close right after a burst of launched saves: every one lands before the registration goes."""
+    copier = TorchCopier(region, device="cuda")
+    entries = [(Extent(64 * i, 48),) for i in range(60)]
+    sources = payloads(entries, LAYOUT, "cuda")
+    for ext, src in zip(entries, sources, strict=True):
+        copier.save([SaveJob(planned(ext), src)])
+    copier.close()
+    assert len(copier.poll()) == len(entries), "every ticket is reported once, after close"
+    for ext, src in zip(entries, sources, strict=True):
+        assert region_bytes(region, ext) == as_bytes(src)

@@ -15,13 +15,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ec_connector.adapters.torch_copy import batchplan
+from ec_connector.adapters.torch_copy import native
 from ec_connector.adapters.torch_copy.batchplan import BatchPlan, BatchPlanner
 from ec_connector.domain.blocks import Extent
 from ec_connector.domain.errors import LayoutMismatch
 from ec_connector.domain.transfers import PlannedCopy
 
-pytestmark = pytest.mark.skipif(batchplan.compiler() is None, reason="needs a C compiler (cc, gcc or clang)")
+pytestmark = pytest.mark.skipif(native.compiler() is None, reason="needs a C compiler (cc, gcc or clang)")
 
 NUM_BLOCKS = 512
 ROW = 48  # bytes per block: words of 8 and 16-byte accesses both occur

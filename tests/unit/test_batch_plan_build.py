@@ -1,4 +1,4 @@
-"""Building and caching the compiled batch planner (batchplan.py): where, with what, and errors.
+"""Building and caching the copier's compiled helpers (native.py): where, with what, and errors.
 
 These need no compiler: they check the paths and the messages around the build.
 """
@@ -10,21 +10,21 @@ from pathlib import Path
 
 import pytest
 
-from ec_connector.adapters.torch_copy import batchplan
+from ec_connector.adapters.torch_copy import batchplan, launcher, native
 from ec_connector.domain.errors import ECConnectorError
 
 
 def test_the_cache_is_a_directory_of_this_users_own(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     own = tmp_path / "own"
     monkeypatch.setenv("EC_CONNECTOR_CACHE", str(own))
-    assert batchplan._cache_dir() == own
+    assert native.cache_dir() == own
     assert own.stat().st_mode & 0o077 == 0, "made private to this user"
     shared = tmp_path / "shared"
     shared.mkdir()
     shared.chmod(0o777)
     monkeypatch.setenv("EC_CONNECTOR_CACHE", str(shared))
     with pytest.raises(ECConnectorError, match="shared: not this user's own, or writable by others"):
-        batchplan._cache_dir()
+        native.cache_dir()
 
 
 def test_a_home_that_cannot_be_written_falls_back_to_a_private_temporary_directory(
@@ -34,20 +34,21 @@ def test_a_home_that_cannot_be_written_falls_back_to_a_private_temporary_directo
     blocked.write_text("a file where the cache directory's parent should be")
     monkeypatch.delenv("EC_CONNECTOR_CACHE", raising=False)
     monkeypatch.setattr(Path, "home", staticmethod(lambda: blocked))
-    monkeypatch.setattr(batchplan.tempfile, "gettempdir", lambda: str(tmp_path))
-    assert batchplan._cache_dir() == tmp_path / f"ec_connector-{os.getuid()}"
+    monkeypatch.setattr(native.tempfile, "gettempdir", lambda: str(tmp_path))
+    assert native.cache_dir() == tmp_path / f"ec_connector-{os.getuid()}"
 
 
 def test_no_compiler_and_a_failing_one_are_named(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("EC_CONNECTOR_CACHE", str(tmp_path / "cache"))
     monkeypatch.delenv("CC", raising=False)
     monkeypatch.setenv("PATH", str(tmp_path / "empty"))
-    assert batchplan.compiler() is None
-    with pytest.raises(ECConnectorError, match="found none: install gcc or clang, or name one in \\$CC"):
-        batchplan._build()
+    assert native.compiler() is None
+    for source, what in ((batchplan.SOURCE, "the batch planner"), (launcher.SOURCE, "the save launcher")):
+        with pytest.raises(ECConnectorError, match=f"builds {what} \\({source.name}\\) with a C compiler"):
+            native.build(source, what)
     monkeypatch.setenv("CC", "/bin/false")
     with pytest.raises(
         ECConnectorError, match="building the batch planner with /bin/false failed \\(exit 1\\)"
     ):
-        batchplan._build()
+        native.build(batchplan.SOURCE, "the batch planner")
     assert not list((tmp_path / "cache").glob("*.so*")), "no partial library left behind"

@@ -2,22 +2,12 @@
 
 `BatchPlanner.plan` validates a batch's runs, joins the touching ones, and lays out the copy-engine
 copies and the copy kernel's runs in one C call: what numpy did in 20-60 µs per batch of 32 on the
-engine's step thread. The library is built on first use with the C compiler Triton itself needs
-on a CUDA machine (`$CC`, else `cc`, `gcc` or `clang`) and cached per source and compiler under
-`$EC_CONNECTOR_CACHE` (default `~/.cache/ec_connector`, or a directory of the user's own under the
-temporary directory when the home cannot be written); concurrent builds each write their own file
-and rename it into place.
+engine's step thread. The library is built on first use and cached (native.py).
 """
 
 from __future__ import annotations
 
 import ctypes
-import hashlib
-import os
-import platform
-import shutil
-import subprocess
-import tempfile
 import threading
 from array import array
 from collections.abc import Sequence
@@ -26,8 +16,8 @@ from pathlib import Path
 
 import numpy as np
 
+from ec_connector.adapters.torch_copy import native
 from ec_connector.adapters.torch_copy.plan import raise_for_extents
-from ec_connector.domain.errors import ECConnectorError
 from ec_connector.domain.transfers import PlannedCopy
 
 SOURCE = Path(__file__).with_name("batchplan.c")
@@ -229,7 +219,8 @@ def library() -> ctypes.CDLL:
     global _library
     with _lock:
         if _library is None:
-            lib = ctypes.PyDLL(str(_build()))  # short pure computation: keeps the GIL
+            # short pure computation: keeps the GIL
+            lib = ctypes.PyDLL(str(native.build(SOURCE, "the batch planner")))
             lib.ec_plan_batch.argtypes = [_vp, _vp, ctypes.c_char_p, _vp, _vp, _vp, _vp]
             lib.ec_plan_batch.restype = ctypes.c_int64
             lib.ec_plan_access.argtypes = [ctypes.c_int64, _vp]
@@ -238,75 +229,3 @@ def library() -> ctypes.CDLL:
                 getattr(lib, name).restype = ctypes.c_int64
             _library = lib
         return _library
-
-
-def compiler() -> str | None:
-    """The C compiler the planner is built with: $CC, else the first of cc, gcc, clang on PATH."""
-    named = os.environ.get("CC")
-    if named:
-        return named
-    for candidate in ("cc", "gcc", "clang"):
-        found = shutil.which(candidate)
-        if found:
-            return found
-    return None
-
-
-def _cache_dir() -> Path:
-    """$EC_CONNECTOR_CACHE, else ~/.cache/ec_connector, else (a home that cannot be written) a
-    directory of this user's own under the temporary directory. A library is loaded only from a
-    directory this user owns and no one else can write to."""
-    named = os.environ.get("EC_CONNECTOR_CACHE")
-    own = Path(tempfile.gettempdir()) / f"ec_connector-{os.getuid()}"
-    candidates = [Path(named)] if named else [Path.home() / ".cache" / "ec_connector", own]
-    problems = []
-    for folder in candidates:
-        try:
-            folder.mkdir(mode=0o700, parents=True, exist_ok=True)
-            info = folder.stat()
-        except OSError as err:
-            problems.append(f"{folder}: {err.strerror or err}")
-            continue
-        if info.st_uid != os.getuid() or info.st_mode & 0o022:
-            problems.append(f"{folder}: not this user's own, or writable by others")
-            continue
-        if os.access(folder, os.W_OK):
-            return folder
-        problems.append(f"{folder}: not writable")
-    raise ECConnectorError(
-        "no cache directory for the copier's batch planner: "
-        + "; ".join(problems)
-        + "; name a writable directory of your own in $EC_CONNECTOR_CACHE"
-    )
-
-
-def _build() -> Path:
-    cc = compiler()
-    if cc is None:
-        raise ECConnectorError(
-            "TorchCopier on CUDA builds its batch planner (batchplan.c) with a C compiler, as Triton "
-            "builds its launchers, and found none: install gcc or clang, or name one in $CC"
-        )
-    source = SOURCE.read_bytes()
-    flags = ["-O2", "-shared", "-fPIC", "-std=c11"]
-    key = hashlib.sha256(source + cc.encode() + " ".join(flags).encode() + platform.machine().encode())
-    cache = _cache_dir()
-    target = cache / f"batchplan-{key.hexdigest()[:16]}.so"
-    if target.exists():
-        return target
-    fd, partial = tempfile.mkstemp(prefix=target.stem, suffix=".so.partial", dir=cache)
-    os.close(fd)
-    try:
-        done = subprocess.run(
-            [cc, *flags, "-o", partial, str(SOURCE)], capture_output=True, text=True, check=False
-        )
-        if done.returncode != 0:
-            raise ECConnectorError(
-                f"building the batch planner with {cc} failed (exit {done.returncode}): "
-                f"{done.stderr.strip()[-2000:]}"
-            )
-        os.replace(partial, target)
-    finally:
-        if os.path.exists(partial):
-            os.unlink(partial)
-    return target

@@ -25,10 +25,11 @@ class TorchCopier:
     runs of at least `dma_min_bytes`, and every run of a load of at most four runs, of a save of at
     most sixteen, or of a batch with a long one and at most sixteen runs, or at most sixteen short
     ones or one short one per entry, go to the copy engines (None: none do); the other runs to the
-    copy kernel, whose tiles `tile_bytes` and `num_warps` size, alongside. Close the copier before
-    its region: it holds a view of the region's memory (and, on CUDA, a registration) until
-    `close()`. Not thread-safe: its callers serialize their calls (`TierWorker` makes every call
-    under one lock).
+    copy kernel, whose tiles `tile_bytes` and `num_warps` size, alongside. `save_launcher`: saves
+    wholly on the copy engines are queued by a native thread (launcher.c), not the caller's. Close
+    the copier before its region: it holds a view of the region's memory (and, on CUDA, a
+    registration) until `close()`. Not thread-safe: its callers serialize their calls (`TierWorker`
+    makes every call under one lock).
     """
 
     def __init__(
@@ -40,6 +41,7 @@ class TorchCopier:
         tile_bytes: int = 16384,
         num_warps: int = 4,
         dma_min_bytes: int | None = DMA_MIN_BYTES,
+        save_launcher: bool = True,
     ) -> None:
         layout = region.layout
         self._region_name = region.name
@@ -63,6 +65,7 @@ class TorchCopier:
                 tile_bytes=tile_bytes,
                 num_warps=num_warps,
                 dma_min_bytes=dma_min_bytes,
+                launcher=save_launcher,
             )
         else:
             raise ValueError(f"TorchCopier device {device!r} is not supported; use 'cpu' or 'cuda[:N]'")

@@ -3,6 +3,11 @@
     caller stream --fence--> copy stream: start event, [run table upload, copy kernel for the short
     runs], [one batched cudaMemcpyAsync of the long runs], end event
 
+A save that goes wholly to the copy engines is handed, planned, to the save launcher (launcher.c):
+the step thread records the fence and returns, and the launcher's native thread queues the rest on
+a copy stream of its own (the driver's ~1 µs per copy off the step thread). Loads, and saves with
+kernel runs (the Triton launch is Python), are queued by the calling thread.
+
 Long runs (>= `dma_min_bytes`) go to the copy engines, which reach the PCIe limit; short runs go to
 one Triton kernel that reads or writes the region through its mapped device address, so a batch
 costs one launch whatever its fragmentation. No per-row host work and no host synchronisation;
@@ -26,8 +31,9 @@ from ec_connector.adapters.torch_copy import hostmem
 from ec_connector.adapters.torch_copy.batchplan import BatchPlan, BatchPlanner
 from ec_connector.adapters.torch_copy.cpu import release_view
 from ec_connector.adapters.torch_copy.cudart import runtime
+from ec_connector.adapters.torch_copy.launcher import SaveLauncher
 from ec_connector.adapters.torch_copy.plan import CopyTiming
-from ec_connector.domain.errors import RegionError
+from ec_connector.domain.errors import ECConnectorError, RegionError
 from ec_connector.domain.transfers import PlannedCopy
 from ec_connector.ports.region import Region
 
@@ -88,6 +94,8 @@ class _Batch:
     end: int
     slot: _Slot | None
     keep: tuple[torch.Tensor, ...]
+    job: int = -1  # the save launcher's job number (-1: queued by the caller)
+    fence: int = 0  # the job's fence event, pooled again once the batch has ended
 
 
 class CudaEngine:
@@ -101,6 +109,7 @@ class CudaEngine:
         tile_bytes: int,
         num_warps: int,
         dma_min_bytes: int | None,
+        launcher: bool = True,
     ) -> None:
         from ec_connector.adapters.torch_copy import kernels
 
@@ -158,6 +167,15 @@ class CudaEngine:
             self._side = {
                 s.cuda_stream: torch.cuda.Stream(device) for s in self._save_streams + self._load_streams
             }
+        # saves wholly on the copy engines go through the launcher's thread, on streams of their own
+        # (the caller's streams would order its queued work after the launcher's, unpredictably)
+        self._save_launcher: SaveLauncher | None = None
+        self._launched_streams: list[torch.cuda.Stream] = []
+        self._fences: list[int] = []
+        if launcher and self._rt.has_batch_copy:
+            self._save_launcher = SaveLauncher(self._rt.entry_points(), self._index)
+            with torch.cuda.device(device):
+                self._launched_streams = [torch.cuda.Stream(device) for _ in range(streams)]
         self._fence = self._rt.event(timing=False)
         self._join = self._rt.event(timing=False)
         self._turn = 0
@@ -179,6 +197,9 @@ class CudaEngine:
             list(map(_storage_offset, sources)),
             sources[0].element_size(),
         )
+        if plan.kernel == 0 and self._save_launcher is not None:
+            self._hand_over(plan, copies, caller, sources)
+            return
         stream = self._next(self._save_streams)
         self._submit("save", plan, copies, caller, stream, sources)
 
@@ -202,8 +223,12 @@ class CudaEngine:
     def poll(self) -> list[int]:
         done: list[int] = []
         still: list[_Batch] = []
+        # jobs at and past this number are not yet on their streams (their events not yet recorded)
+        launched = self._save_launcher.done() if self._save_launcher is not None else 0
         for batch in self._pending:
-            if self._rt.done(batch.end):
+            if batch.job >= launched:
+                still.append(batch)
+            elif self._rt.done(batch.end):
                 done += batch.tickets
                 self._retire(batch)
             else:
@@ -221,14 +246,26 @@ class CudaEngine:
     def close(self) -> list[int]:
         """Wait for every batch, unregister, release the region view; returns the tickets not polled."""
         done: list[int] = []
+        failure = None
+        if self._save_launcher is not None:
+            self._save_launcher.drain()
+            failure = self._save_launcher.failure()
+            self._save_launcher.close()
+        failed_from = failure[0] if failure is not None else 1 << 62
         for batch in self._pending:
-            self._rt.synchronize(batch.end)
-            done += batch.tickets
+            if batch.job < failed_from:  # queued on its stream: wait for it before unregistering
+                self._rt.synchronize(batch.end)
+                done += batch.tickets
             self._events.append((batch.start, batch.end))
+            if batch.fence:
+                self._fences.append(batch.fence)
         self._pending = []
         for start, end in self._events:
             self._rt.destroy(start)
             self._rt.destroy(end)
+        for fence in self._fences:
+            self._rt.destroy(fence)
+        self._fences = []
         self._rt.destroy(self._fence)
         self._rt.destroy(self._join)
         self._events = []
@@ -240,6 +277,10 @@ class CudaEngine:
         if self._view is not None:
             release_view(self._view)
             self._view = None
+        if failure is not None:
+            raise ECConnectorError(
+                f"{failure[1]}; the copies of its batch and of every later save were not made"
+            )
         return done
 
     # -- internals -------------------------------------------------------------------------------
@@ -297,6 +338,22 @@ class CudaEngine:
         )
         return end
 
+    def _hand_over(
+        self, plan: BatchPlan, copies: Sequence[PlannedCopy], caller: int, sources: list[torch.Tensor]
+    ) -> None:
+        """Record the batch's fence on the caller's stream and submit its copies to the launcher."""
+        rt = self._rt
+        start, end = self._events.pop() if self._events else (rt.event(timing=True), rt.event(timing=True))
+        fence = self._fences.pop() if self._fences else rt.event(timing=False)
+        rt.record(fence, caller)
+        stream = self._next(self._launched_streams).cuda_stream
+        assert self._save_launcher is not None
+        columns = (plan.dma_dst, plan.dma_src, plan.dma_size, plan.dma)
+        job = self._save_launcher.submit(stream, fence, start, end, *columns)
+        tickets = [c.ticket for c in copies]
+        nbytes = plan.total_rows * self._row_bytes
+        self._pending.append(_Batch("save", tickets, nbytes, start, end, None, tuple(sources), job, fence))
+
     def _kernel_launch(
         self, plan: BatchPlan, first: torch.Tensor, save: bool
     ) -> tuple[_Slot | None, Callable[[int], None] | None]:
@@ -330,6 +387,8 @@ class CudaEngine:
         self._events.append((batch.start, batch.end))
         if batch.slot is not None:
             self._slots.append(batch.slot)
+        if batch.fence:
+            self._fences.append(batch.fence)
 
     def _take_slot(self, runs: int) -> _Slot:
         for i, slot in enumerate(self._slots):

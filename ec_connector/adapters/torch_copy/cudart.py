@@ -16,6 +16,8 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import threading
+from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -61,6 +63,22 @@ class _MemcpyAttributes(ctypes.Structure):
     ]
 
 
+@dataclass(frozen=True)
+class EntryPoints:
+    """C function addresses (cudaSetDevice, cudaStreamWaitEvent, cudaEventRecord, cudaMemcpyAsync,
+    cudaMemcpyBatchAsync), and what a batch call takes besides its columns."""
+
+    set_device: int
+    wait: int
+    record: int
+    memcpy: int
+    batch: int
+    batch_has_fail_index: bool
+    attrs: int
+    attr_index: int
+    batch_max: int
+
+
 class CudaRuntime:
     """Thin, checked wrappers; handles are plain ints (cudaEvent_t, cudaStream_t, addresses)."""
 
@@ -83,6 +101,7 @@ class CudaRuntime:
             "cudaEventElapsedTime": [ctypes.POINTER(ctypes.c_float), _vp, _vp],
             "cudaStreamWaitEvent": [_vp, _vp, _uint],
             "cudaMemcpyAsync": [_vp, _vp, _sz, _int, _vp],
+            "cudaSetDevice": [_int],
         }
         queue_only = ("cudaEventRecord", "cudaEventQuery", "cudaStreamWaitEvent", "cudaMemcpyAsync")
         for name, args in sig.items():
@@ -118,6 +137,27 @@ class CudaRuntime:
     @property
     def has_batch_copy(self) -> bool:
         return self._batch is not None
+
+    def entry_points(self) -> EntryPoints:
+        """The addresses native code (launcher.c) calls to queue a save's stream operations and
+        copies, with the stream-ordered batch attributes (requires `has_batch_copy`)."""
+        if self._batch is None:
+            raise ECConnectorError(f"{self.path} has no cudaMemcpyBatchAsync (CUDA {self.version})")
+
+        def address(fn: Any) -> int:
+            return int(ctypes.cast(fn, _vp).value or 0)
+
+        return EntryPoints(
+            set_device=address(self._lib.cudaSetDevice),
+            wait=address(self._lib.cudaStreamWaitEvent),
+            record=address(self._lib.cudaEventRecord),
+            memcpy=address(self._lib.cudaMemcpyAsync),
+            batch=address(self._batch),
+            batch_has_fail_index=self._batch_has_fail_index,
+            attrs=self._attrs_address,
+            attr_index=self._attr_index_address,
+            batch_max=BATCH_MAX,
+        )
 
     def describe(self, err: int) -> str:
         text = self._lib.cudaGetErrorString(err)

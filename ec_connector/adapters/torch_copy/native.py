@@ -1,0 +1,92 @@
+"""Building the copier's C helpers (batchplan.c, launcher.c) on first use, cached.
+
+Each library is built with the C compiler Triton itself needs on a CUDA machine (`$CC`, else `cc`,
+`gcc` or `clang`) and cached per source, compiler and flags under `$EC_CONNECTOR_CACHE` (default
+`~/.cache/ec_connector`, or a directory of the user's own under the temporary directory when the
+home cannot be written); concurrent builds each write their own file and rename it into place.
+They are loaded with ctypes, so they need no Python headers.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+from ec_connector.domain.errors import ECConnectorError
+
+FLAGS = ("-O2", "-shared", "-fPIC", "-std=c11", "-pthread")
+
+
+def compiler() -> str | None:
+    """The C compiler the helpers are built with: $CC, else the first of cc, gcc, clang on PATH."""
+    named = os.environ.get("CC")
+    if named:
+        return named
+    for candidate in ("cc", "gcc", "clang"):
+        found = shutil.which(candidate)
+        if found:
+            return found
+    return None
+
+
+def cache_dir() -> Path:
+    """$EC_CONNECTOR_CACHE, else ~/.cache/ec_connector, else (a home that cannot be written) a
+    directory of this user's own under the temporary directory. A library is loaded only from a
+    directory this user owns and no one else can write to."""
+    named = os.environ.get("EC_CONNECTOR_CACHE")
+    own = Path(tempfile.gettempdir()) / f"ec_connector-{os.getuid()}"
+    candidates = [Path(named)] if named else [Path.home() / ".cache" / "ec_connector", own]
+    problems = []
+    for folder in candidates:
+        try:
+            folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+            info = folder.stat()
+        except OSError as err:
+            problems.append(f"{folder}: {err.strerror or err}")
+            continue
+        if info.st_uid != os.getuid() or info.st_mode & 0o022:
+            problems.append(f"{folder}: not this user's own, or writable by others")
+            continue
+        if os.access(folder, os.W_OK):
+            return folder
+        problems.append(f"{folder}: not writable")
+    raise ECConnectorError(
+        "no cache directory for the copier's compiled helpers: "
+        + "; ".join(problems)
+        + "; name a writable directory of your own in $EC_CONNECTOR_CACHE"
+    )
+
+
+def build(source: Path, what: str) -> Path:
+    """The shared library built from `source` (`what` names it in errors), from the cache if there."""
+    cc = compiler()
+    if cc is None:
+        raise ECConnectorError(
+            f"TorchCopier on CUDA builds {what} ({source.name}) with a C compiler, as Triton builds "
+            "its launchers, and found none: install gcc or clang, or name one in $CC"
+        )
+    text = source.read_bytes()
+    key = hashlib.sha256(text + cc.encode() + " ".join(FLAGS).encode() + platform.machine().encode())
+    cache = cache_dir()
+    target = cache / f"{source.stem}-{key.hexdigest()[:16]}.so"
+    if target.exists():
+        return target
+    fd, partial = tempfile.mkstemp(prefix=target.stem, suffix=".so.partial", dir=cache)
+    os.close(fd)
+    try:
+        command = [cc, *FLAGS, "-o", partial, str(source)]
+        done = subprocess.run(command, capture_output=True, text=True, check=False)
+        if done.returncode != 0:
+            raise ECConnectorError(
+                f"building {what} with {cc} failed (exit {done.returncode}): {done.stderr.strip()[-2000:]}"
+            )
+        os.replace(partial, target)
+    finally:
+        if os.path.exists(partial):
+            os.unlink(partial)
+    return target

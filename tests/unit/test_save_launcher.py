@@ -1,0 +1,189 @@
+"""The save launcher's native thread (launcher.c) driven through entry points of our own.
+
+The launcher calls whatever C entry points it is given; here they are ctypes callbacks that log
+each call (run on the launcher's own thread), so the order of a job's stream operations, the copy
+columns, the cut into calls of `batch_max`, failures and shutdown are checked without a GPU. The
+CUDA contract and worker suites run the same launcher against the real runtime on the GPU machine.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import threading
+from collections.abc import Iterator
+
+import numpy as np
+import pytest
+
+from ec_connector.adapters.torch_copy import native
+from ec_connector.adapters.torch_copy.cudart import EntryPoints
+from ec_connector.adapters.torch_copy.launcher import SaveLauncher
+from ec_connector.domain.errors import ECConnectorError
+
+pytestmark = pytest.mark.skipif(native.compiler() is None, reason="needs a C compiler (cc, gcc or clang)")
+
+_vp, _sz, _int = ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int
+SET_DEVICE = ctypes.CFUNCTYPE(_int, _int)
+WAIT = ctypes.CFUNCTYPE(_int, _vp, _vp, ctypes.c_uint)
+RECORD = ctypes.CFUNCTYPE(_int, _vp, _vp)
+MEMCPY = ctypes.CFUNCTYPE(_int, _vp, _vp, _sz, _int, _vp)
+BATCH13 = ctypes.CFUNCTYPE(_int, _vp, _vp, _vp, _sz, _vp, _vp, _sz, _vp)
+BATCH12 = ctypes.CFUNCTYPE(_int, _vp, _vp, _vp, _sz, _vp, _vp, _sz, _vp, _vp)
+ATTRS, ATTR_INDEX = 0xA770, 0x1D0
+
+
+class Runtime:
+    """Entry points that log their calls; `fail` maps (call name, nth call of that name) to an error."""
+
+    def __init__(self, *, fail_index: bool = False, batch_max: int = 256) -> None:
+        self.calls: list[tuple] = []
+        self.threads: set[int] = set()
+        self.fail: dict[tuple[str, int], int] = {}
+        self._seen: dict[str, int] = {}
+
+        def log(name: str, *args: object) -> int:
+            self.threads.add(threading.get_ident())
+            nth = self._seen.get(name, 0)
+            self._seen[name] = nth + 1
+            self.calls.append((name, *args))
+            return self.fail.get((name, nth), 0)
+
+        def columns(d: int, s: int, n: int, count: int) -> list[tuple[int, int, int]]:
+            cols = [list((ctypes.c_int64 * count).from_address(a)) for a in (d, s, n)]
+            return list(zip(*cols, strict=True))
+
+        def batch(d, s, n, count, attrs, index, n_attrs, *rest):  # type: ignore[no-untyped-def]
+            assert (attrs, index, n_attrs) == (ATTRS, ATTR_INDEX, 1)
+            stream = rest[-1]
+            if fail_index:
+                assert rest[0], "CUDA 12.8-12.9 take a failIdx pointer before the stream"
+            return log("batch", stream, columns(d, s, n, count))
+
+        self._keep = [
+            SET_DEVICE(lambda device: log("device", device)),
+            WAIT(lambda stream, event, flags: log("wait", stream, event)),
+            RECORD(lambda event, stream: log("record", event, stream)),
+            MEMCPY(lambda d, s, n, kind, stream: log("memcpy", stream, [(d, s, n)])),
+            (BATCH12 if fail_index else BATCH13)(batch),
+        ]
+        address = [ctypes.cast(fn, _vp).value or 0 for fn in self._keep]
+        self.entry = EntryPoints(*address, fail_index, ATTRS, ATTR_INDEX, batch_max)  # type: ignore[arg-type]
+
+
+class Job:
+    """One job's columns, kept in numpy arrays the test can overwrite after submitting."""
+
+    def __init__(self, count: int, base: int) -> None:
+        self.dst = np.arange(base, base + count, dtype=np.int64) * 16
+        self.src = self.dst + 1
+        self.size = np.full(count, base, dtype=np.int64)
+
+    def submit(self, launcher: SaveLauncher, stream: int, events: tuple[int, int, int]) -> int:
+        fence, start, end = events
+        addresses = (self.dst.ctypes.data, self.src.ctypes.data, self.size.ctypes.data)
+        return launcher.submit(stream, fence, start, end, *addresses, len(self.dst))
+
+    def copies(self) -> list[tuple[int, int, int]]:
+        return list(zip(self.dst.tolist(), self.src.tolist(), self.size.tolist(), strict=True))
+
+
+@pytest.fixture
+def runtime() -> Runtime:
+    return Runtime()
+
+
+@pytest.fixture
+def launcher(runtime: Runtime) -> Iterator[SaveLauncher]:
+    out = SaveLauncher(runtime.entry, device=3)
+    yield out
+    out.close()
+
+
+def test_each_job_waits_for_its_fence_then_records_start_copies_and_end_in_order(
+    runtime: Runtime, launcher: SaveLauncher
+) -> None:
+    one, many = Job(1, 100), Job(5, 200)
+    assert one.submit(launcher, 0x51, (0xF1, 0xA1, 0xE1)) == 0
+    assert many.submit(launcher, 0x52, (0xF2, 0xA2, 0xE2)) == 1
+    launcher.drain()
+    assert launcher.done() == 2
+    assert runtime.calls == [
+        ("device", 3),
+        ("wait", 0x51, 0xF1),
+        ("record", 0xA1, 0x51),
+        ("memcpy", 0x51, one.copies()),  # a single copy goes through cudaMemcpyAsync
+        ("record", 0xE1, 0x51),
+        ("wait", 0x52, 0xF2),
+        ("record", 0xA2, 0x52),
+        ("batch", 0x52, many.copies()),
+        ("record", 0xE2, 0x52),
+    ]
+    assert threading.get_ident() not in runtime.threads, "the calls run on the launcher's own thread"
+    assert launcher.failure() is None
+
+
+def test_long_jobs_are_cut_into_batch_calls_in_order() -> None:
+    runtime = Runtime(fail_index=True, batch_max=4)
+    launcher = SaveLauncher(runtime.entry, device=0)
+    try:
+        job = Job(10, 1000)
+        job.submit(launcher, 7, (1, 2, 3))
+        launcher.drain()
+    finally:
+        launcher.close()
+    batches = [c for c in runtime.calls if c[0] == "batch"]
+    assert [len(c[2]) for c in batches] == [4, 4, 2]
+    assert [copy for c in batches for copy in c[2]] == job.copies()
+
+
+def test_the_columns_are_copied_when_the_job_is_submitted(runtime: Runtime, launcher: SaveLauncher) -> None:
+    job = Job(3, 300)
+    expected = job.copies()
+    job.submit(launcher, 1, (1, 2, 3))
+    job.dst[:] = 0  # the planner's workspace is rewritten by the next plan at once
+    launcher.drain()
+    assert ("batch", 1, expected) in runtime.calls
+
+
+def test_a_failing_call_is_named_and_every_later_job_is_skipped(
+    runtime: Runtime, launcher: SaveLauncher
+) -> None:
+    runtime.fail[("record", 2)] = 700  # the second job's start event
+    for n in range(3):
+        Job(2, 10 * (n + 1)).submit(launcher, 0x50 + n, (0xF0 + n, 0xA0 + n, 0xE0 + n))
+    launcher.drain()
+    named = r"cudaEventRecord \(start\) of save job 1 failed with CUDA error 700"
+    with pytest.raises(ECConnectorError, match=named):
+        launcher.done()
+    failure = launcher.failure()
+    assert failure is not None and failure[0] == 1
+    assert not [c for c in runtime.calls if 0x52 in c[1:2]], "the job after the failure was not queued"
+
+
+def test_a_device_that_cannot_be_made_current_fails_every_job() -> None:
+    runtime = Runtime()
+    runtime.fail[("device", 0)] = 101
+    launcher = SaveLauncher(runtime.entry, device=9)
+    try:
+        Job(2, 5).submit(launcher, 1, (1, 2, 3))
+        launcher.drain()
+        named = r"cudaSetDevice \(the launcher thread's device\) of save job 0"
+        with pytest.raises(ECConnectorError, match=named):
+            launcher.done()
+    finally:
+        launcher.close()
+    assert runtime.calls == [("device", 9)]
+
+
+def test_close_handles_what_is_queued_then_refuses_more(runtime: Runtime) -> None:
+    launcher = SaveLauncher(runtime.entry, device=0)
+    jobs = [Job(2, 10 * (n + 1)) for n in range(20)]
+    for n, job in enumerate(jobs):
+        job.submit(launcher, n + 1, (1, 2, 3))
+    launcher.close()
+    launcher.close()  # idempotent
+    assert [c[1] for c in runtime.calls if c[0] == "batch"] == list(range(1, 21))
+    with pytest.raises(ECConnectorError, match="the save launcher is closed"):
+        jobs[0].submit(launcher, 1, (1, 2, 3))
+    with pytest.raises(ECConnectorError, match="the save launcher is closed"):
+        launcher.done()
