@@ -9,8 +9,11 @@ per-entry views) measured alongside.
 Every case's bytes are verified once. Each case is also timed through `TierWorker` as vLLM's step
 thread drives it (bind the step's plan, `save` per item then `flush`; or `start_loads`), which adds
 the per-item checks and the bookkeeping around the copier. Saves are timed twice, in turn: with the
-save launcher (the product: a native thread hands copy-engine batches to the driver) and with the
-step thread making the driver call itself (`save_launcher=False`, the baseline; "inline" columns).
+save launcher (a native thread hands copy-engine batches to the driver; producers' default) and
+with the step thread making the driver call itself (`save_launcher=False`, the baseline and the
+default of roles that load; "inline" columns). The launcher's driver work still runs beside
+whatever the step thread does next: CUDA calls made at once wait for it (docs/benchmarks.md,
+session 12).
 
     python bench/copy_host_launch.py              # needs CUDA
     python bench/copy_host_launch.py --iters 500 --json host.json
@@ -110,7 +113,7 @@ def measure(
 ) -> dict:
     layout = Layout(hidden_dim=width, dtype="bfloat16", num_blocks=blocks)
     region = MemoryRegion(layout)
-    copier = TorchCopier(region, device="cuda", dma_min_bytes=dma_min_bytes)
+    copier = TorchCopier(region, device="cuda", dma_min_bytes=dma_min_bytes, save_launcher=True)
     inline = TorchCopier(region, device="cuda", dma_min_bytes=dma_min_bytes, save_launcher=False)
     if name.endswith("one output"):
         payloads = list(torch.randn(rows * len(extents), width, device="cuda").to(torch.bfloat16).split(rows))

@@ -83,7 +83,7 @@ def _shm_region(
         region.close()
 
 
-def _copier(region: Region, device: str) -> Iterator[Copier]:
+def _copier(region: Region, device: str, role: Role) -> Iterator[Copier]:
     copier: Copier
     if device == "memory":
         from ec_connector.adapters.memory import MemoryCopier
@@ -92,7 +92,11 @@ def _copier(region: Region, device: str) -> Iterator[Copier]:
     else:
         from ec_connector.adapters.torch_copy import TorchCopier
 
-        copier = TorchCopier(region, device=device)
+        # An encoder-only instance's step ends at the flush that launches its saves, so the save
+        # launcher's thread takes the driver's part of each launch off the step thread; where the
+        # step goes on into the model's kernel launches (a role that loads), those launches waited
+        # for the driver as long as the launch had saved (H200, docs/benchmarks.md, session 12).
+        copier = TorchCopier(region, device=device, save_launcher=role is Role.PRODUCER)
     try:
         yield copier
     finally:
@@ -194,7 +198,7 @@ class Container(containers.DeclarativeContainer):
             populate=connector_config.provided.enable_nixl,
         ),
     )
-    copier = providers.Resource(_copier, region, device=settings.device)
+    copier = providers.Resource(_copier, region, device=settings.device, role=connector_config.provided.role)
 
     tier_scheduler = providers.Singleton(
         TierScheduler,

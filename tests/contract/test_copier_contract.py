@@ -79,7 +79,7 @@ class Kit:
 
 
 def _torch_kit(device: str, region_kind: str, **options: object) -> Kit:
-    name = f"torch-{device}" + ("-shm" if region_kind == "shm" else "")
+    name = f"torch-{device}" + ("-shm" if region_kind == "shm" else "") + ("-launcher" if options else "")
     return Kit(
         name,
         region_kind,
@@ -95,6 +95,8 @@ KITS = [
     pytest.param(_torch_kit("cpu", "shm"), id="torch-cpu-shm"),
     pytest.param(_torch_kit("cuda", "memory"), id="torch-cuda", marks=NO_CUDA),
     pytest.param(_torch_kit("cuda", "shm"), id="torch-cuda-shm", marks=NO_CUDA),
+    # copy-engine saves queued on the driver by the save launcher's native thread
+    pytest.param(_torch_kit("cuda", "shm", save_launcher=True), id="torch-cuda-launcher", marks=NO_CUDA),
     # every run through the copy kernel (by default small batches go to the copy engines)
     pytest.param(_torch_kit("cuda", "memory", dma_min_bytes=None), id="torch-cuda-kernel", marks=NO_CUDA),
 ]

@@ -424,16 +424,16 @@ def test_a_save_waits_for_the_callers_queued_writes_to_its_payload(
 def test_launched_saves_kernel_saves_and_loads_interleave_with_the_right_bytes(region: MemoryRegion) -> None:
     """Copy-engine saves go through the launcher's thread, saves with short runs through the kernel on
     this thread; batches of both, and loads of what has landed, in any order, each report once."""
-    copier = TorchCopier(region, device="cuda", dma_min_bytes=8 * LAYOUT.block_size_bytes)
+    copier = TorchCopier(region, device="cuda", dma_min_bytes=8 * LAYOUT.block_size_bytes, save_launcher=True)
     rng = random.Random(5)
     free = list(range(0, LAYOUT.num_blocks - 16, 16))
     rng.shuffle(free)
     landed: list[tuple[tuple[Extent, ...], torch.Tensor]] = []
     try:
         for round_ in range(12):
-            long_runs = [(Extent(free.pop(), 16),) for _ in range(3)]  # copy engines
-            short_runs = [tuple(Extent(free.pop(), 1) for _ in range(20))]  # 20 short runs: kernel
-            batch = long_runs if round_ % 2 else long_runs + short_runs
+            batch = [(Extent(free.pop(), 16),) for _ in range(3)]  # long runs: copy engines
+            if round_ % 2 == 0:  # and an entry in 20 short runs: the kernel, on this thread
+                batch.append(tuple(Extent(free.pop(), 1) for _ in range(20)))
             sources = payloads(batch, LAYOUT, "cuda")
             sources = [s.roll(round_, 0) for s in sources]
             saves = [planned(ext) for ext in batch]
@@ -455,7 +455,7 @@ def test_launched_saves_kernel_saves_and_loads_interleave_with_the_right_bytes(r
 @CUDA
 def test_close_waits_for_saves_the_launcher_has_not_queued_yet(region: MemoryRegion) -> None:
     """Close right after a burst of launched saves: every one lands before the registration goes."""
-    copier = TorchCopier(region, device="cuda")
+    copier = TorchCopier(region, device="cuda", save_launcher=True)
     entries = [(Extent(64 * i, 48),) for i in range(60)]
     sources = payloads(entries, LAYOUT, "cuda")
     for ext, src in zip(entries, sources, strict=True):

@@ -54,6 +54,12 @@ DEVICES = [
         id="cuda",
         marks=[pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason=_NO_CUDA)],
     ),
+    # the writer rank's saves queued on the driver by the save launcher's thread (producers' default)
+    pytest.param(
+        "cuda+launcher",
+        id="cuda-launcher",
+        marks=[pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason=_NO_CUDA)],
+    ),
 ]
 
 
@@ -100,7 +106,7 @@ def _worker_main(rank: int, setup: dict[str, Any], commands: Any, results: Any) 
     try:
         from ec_connector.adapters.torch_copy import TorchCopier
 
-        device = setup["device"]
+        device, _, launcher = setup["device"].partition("+")
         if device == "cuda":
             torch.cuda.set_device(0)
         layout = Layout(**setup["layout"])
@@ -115,7 +121,7 @@ def _worker_main(rank: int, setup: dict[str, Any], commands: Any, results: Any) 
             ranks=WORKERS,
             shm_dir=setup["shm_dir"],
         )
-        copier = TorchCopier(region, device=device)
+        copier = TorchCopier(region, device=device, save_launcher=launcher == "launcher")
         worker = TierWorker(role=Role.BOTH, rank=rank, writer=(rank == 0), region=region, copier=copier)
         results.put(("ready", rank, {"device": str(copier.device)}))
         while True:
@@ -278,7 +284,7 @@ def test_two_workers_save_and_load_through_a_shared_region(device: str, width: i
         "instance": instance,
         "shm_dir": str(shm_dir),
         "seed": SEED,
-        "timeout_s": 240.0 if device == "cuda" else 60.0,  # CUDA: context and kernel compiles
+        "timeout_s": 240.0 if device.startswith("cuda") else 60.0,  # CUDA: context and kernel compiles
     }
     region = ShmRegion.open(
         instance=instance,
@@ -304,7 +310,7 @@ def test_two_workers_save_and_load_through_a_shared_region(device: str, width: i
     try:
         ready = workers.expect("ready")
         assert sorted(ready) == [0, 1]
-        assert all(body["device"].startswith(device) for body in ready.values()), ready
+        assert all(body["device"].startswith(device.partition("+")[0]) for body in ready.values()), ready
         assert not path.exists(), "the last participant to join removes the region's name"
 
         # -- step 1: every item misses; plan the saves; rank 0 writes ------------------------------
@@ -338,7 +344,9 @@ def test_two_workers_save_and_load_through_a_shared_region(device: str, width: i
             for key, _ in items:
                 seen = report[key]
                 assert seen["loaded"], f"rank {rank} has no tensor for {key}"
-                assert seen["device"].startswith(device), f"rank {rank} loaded {key} onto {seen['device']}"
+                assert seen["device"].startswith(device.partition("+")[0]), (
+                    f"rank {rank} loaded {key} onto {seen['device']}"
+                )
                 assert seen["equal"], f"rank {rank}: {key} differs from the original after the round trip"
         assert all(not table.get(k).is_pinned for k, _ in items)  # type: ignore[union-attr]
         stats = scheduler.stats

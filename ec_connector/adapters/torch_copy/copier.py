@@ -26,7 +26,8 @@ class TorchCopier:
     most sixteen, or of a batch with a long one and at most sixteen runs, or at most sixteen short
     ones or one short one per entry, go to the copy engines (None: none do); the other runs to the
     copy kernel, whose tiles `tile_bytes` and `num_warps` size, alongside. `save_launcher`: saves
-    wholly on the copy engines are queued by a native thread (launcher.c), not the caller's. Close
+    wholly on the copy engines are queued by a native thread (launcher.c), not the caller's (a gain
+    where the caller makes no CUDA call right after: see `launcher.py`). Close
     the copier before its region: it holds a view of the region's memory (and, on CUDA, a
     registration) until `close()`. Not thread-safe: its callers serialize their calls (`TierWorker`
     makes every call under one lock).
@@ -41,7 +42,7 @@ class TorchCopier:
         tile_bytes: int = 16384,
         num_warps: int = 4,
         dma_min_bytes: int | None = DMA_MIN_BYTES,
-        save_launcher: bool = True,
+        save_launcher: bool = False,
     ) -> None:
         layout = region.layout
         self._region_name = region.name

@@ -3,10 +3,11 @@
     caller stream --fence--> copy stream: start event, [run table upload, copy kernel for the short
     runs], [one batched cudaMemcpyAsync of the long runs], end event
 
-A save that goes wholly to the copy engines is handed, planned, to the save launcher (launcher.c):
-the step thread records the fence and returns, and the launcher's native thread queues the rest on
-a copy stream of its own (the driver's ~1 µs per copy off the step thread). Loads, and saves with
-kernel runs (the Triton launch is Python), are queued by the calling thread.
+With the save launcher on (`launcher`), a save that goes wholly to the copy engines is handed,
+planned, to launcher.c: the step thread records the fence and returns, and the launcher's native
+thread queues the rest on a copy stream of its own (the driver's ~1 µs per copy off the step
+thread). Loads, and saves with kernel runs (the Triton launch is Python), are queued by the calling
+thread.
 
 Long runs (>= `dma_min_bytes`) go to the copy engines, which reach the PCIe limit; short runs go to
 one Triton kernel that reads or writes the region through its mapped device address, so a batch
@@ -109,7 +110,7 @@ class CudaEngine:
         tile_bytes: int,
         num_warps: int,
         dma_min_bytes: int | None,
-        launcher: bool = True,
+        launcher: bool = False,
     ) -> None:
         from ec_connector.adapters.torch_copy import kernels
 
