@@ -9,8 +9,10 @@ CUDA contract and worker suites run the same launcher against the real runtime o
 from __future__ import annotations
 
 import ctypes
+import subprocess
 import threading
 from collections.abc import Iterator
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -187,3 +189,61 @@ def test_close_handles_what_is_queued_then_refuses_more(runtime: Runtime) -> Non
         jobs[0].submit(launcher, 1, (1, 2, 3))
     with pytest.raises(ECConnectorError, match="the save launcher is closed"):
         launcher.done()
+
+
+FAKE_RUNTIME = r"""
+#include <stddef.h>
+#include <stdint.h>
+#include <time.h>
+static int64_t entries[1 << 16];
+static int64_t count;
+static void pause_a_little(void) { struct timespec t = {0, 100000}; nanosleep(&t, NULL); }
+int fake_set_device(int device) { (void)device; return 0; }
+int fake_wait(void *stream, void *event, unsigned flags) {
+    (void)stream; (void)flags; pause_a_little(); entries[count++] = -(int64_t)(intptr_t)event; return 0;
+}
+int fake_record(void *event, void *stream) {
+    (void)stream; entries[count++] = (int64_t)(intptr_t)event; return 0;
+}
+int fake_memcpy(void *dst, const void *src, size_t n, int kind, void *stream) {
+    (void)src; (void)n; (void)kind; (void)stream; entries[count++] = (int64_t)(intptr_t)dst; return 0;
+}
+int fake_batch(int64_t *dst, void *src, void *size, size_t n, void *attrs, void *index, size_t n_attrs,
+               void *stream) {
+    (void)src; (void)size; (void)attrs; (void)index; (void)n_attrs; (void)stream;
+    for (size_t i = 0; i < n; i++) entries[count++] = dst[i];
+    return 0;
+}
+int64_t fake_count(void) { return count; }
+int64_t *fake_entries(void) { return entries; }
+"""
+
+
+def test_a_full_queue_makes_submit_wait_for_room_and_every_job_runs_in_order(tmp_path: Path) -> None:
+    """Two slots and forty jobs, against entry points in C (no GIL on the launcher's side): the
+    submitting thread waits for room, slots are reused, and the driver sees each job's calls in
+    order: fence wait, start, copies, end."""
+    source = tmp_path / "fake_runtime.c"
+    source.write_text(FAKE_RUNTIME)
+    built = tmp_path / "fake_runtime.so"
+    subprocess.run([native.compiler(), *native.FLAGS, "-o", str(built), str(source)], check=True)
+    lib = ctypes.CDLL(str(built))
+    lib.fake_count.restype = ctypes.c_int64
+    lib.fake_entries.restype = ctypes.POINTER(ctypes.c_int64)
+    address = [
+        ctypes.cast(getattr(lib, f"fake_{n}"), _vp).value or 0 for n in ("set_device", "wait", "record")
+    ]
+    address += [ctypes.cast(getattr(lib, f"fake_{n}"), _vp).value or 0 for n in ("memcpy", "batch")]
+    launcher = SaveLauncher(EntryPoints(*address, False, ATTRS, ATTR_INDEX, 256), device=0, slots=2)
+    expected: list[int] = []
+    try:
+        for n in range(40):
+            job = Job(3, 1000 * (n + 1))
+            fence, start, end = 3 * n + 1, 3 * n + 2, 3 * n + 3
+            assert job.submit(launcher, 9, (fence, start, end)) == n
+            expected += [-fence, start, *job.dst.tolist(), end]
+        launcher.drain()
+        assert launcher.done() == 40
+    finally:
+        launcher.close()
+    assert lib.fake_entries()[: lib.fake_count()] == expected
