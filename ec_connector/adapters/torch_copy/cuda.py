@@ -168,15 +168,14 @@ class CudaEngine:
             self._side = {
                 s.cuda_stream: torch.cuda.Stream(device) for s in self._save_streams + self._load_streams
             }
-        # saves wholly on the copy engines go through the launcher's thread, on streams of their own
-        # (the caller's streams would order its queued work after the launcher's, unpredictably)
+        # saves wholly on the copy engines go through the launcher's thread (started at the first
+        # such save: ranks that never save have none), on streams of their own (the caller's streams
+        # would order its queued work after the launcher's, unpredictably)
+        self._launch_saves = launcher and self._rt.has_batch_copy
         self._save_launcher: SaveLauncher | None = None
         self._launched_streams: list[torch.cuda.Stream] = []
+        self._streams_per_direction = streams
         self._fences: list[int] = []
-        if launcher and self._rt.has_batch_copy:
-            self._save_launcher = SaveLauncher(self._rt.entry_points(), self._index)
-            with torch.cuda.device(device):
-                self._launched_streams = [torch.cuda.Stream(device) for _ in range(streams)]
         self._fence = self._rt.event(timing=False)
         self._join = self._rt.event(timing=False)
         self._turn = 0
@@ -198,7 +197,7 @@ class CudaEngine:
             list(map(_storage_offset, sources)),
             sources[0].element_size(),
         )
-        if plan.kernel == 0 and self._save_launcher is not None:
+        if plan.kernel == 0 and self._launch_saves:
             self._hand_over(plan, copies, caller, sources)
             return
         stream = self._next(self._save_streams)
@@ -347,10 +346,16 @@ class CudaEngine:
         start, end = self._events.pop() if self._events else (rt.event(timing=True), rt.event(timing=True))
         fence = self._fences.pop() if self._fences else rt.event(timing=False)
         rt.record(fence, caller)
+        launcher = self._save_launcher
+        if launcher is None:
+            launcher = self._save_launcher = SaveLauncher(self._rt.entry_points(), self._index)
+            with torch.cuda.device(self._device):
+                self._launched_streams = [
+                    torch.cuda.Stream(self._device) for _ in range(self._streams_per_direction)
+                ]
         stream = self._next(self._launched_streams).cuda_stream
-        assert self._save_launcher is not None
         columns = (plan.dma_dst, plan.dma_src, plan.dma_size, plan.dma)
-        job = self._save_launcher.submit(stream, fence, start, end, *columns)
+        job = launcher.submit(stream, fence, start, end, *columns)
         tickets = [c.ticket for c in copies]
         nbytes = plan.total_rows * self._row_bytes
         self._pending.append(_Batch("save", tickets, nbytes, start, end, None, tuple(sources), job, fence))
