@@ -9,7 +9,7 @@ on a load's end event before `load` returns, so the event must be recorded by th
 The driver's work is moved, not removed, and the driver serializes it with the step thread's own
 calls: on the H200 (docs/benchmarks.md, session 12), 30 kernel launches made right after a flush
 took about as much longer as the launcher had taken off the flush (~60 µs for 32 aged entries),
-while after 300 µs of Python they took no longer and each step came out ~60 µs shorter. So it pays
+while after 300 µs of Python they took no longer and each step came out 15-60 µs shorter. So it pays
 where the step does not go on into CUDA calls at once: an encoder-only instance, whose step ends
 at the flush that launches its saves. The container turns it on for producers only.
 
