@@ -359,20 +359,19 @@ def print_case(r: dict) -> None:
     def cell(label: str, t: dict) -> str:
         return f"{label} {t['median_us']:7.1f} us ({t['p10_us']:.0f}-{t['p90_us']:.0f})"
 
-    saves = f"{cell('save', r['save'])}  {cell('inline', r['save_inline'])}"
-    ratio = r["save"]["median_us"] / r["save_inline"]["median_us"]
-    print(
-        f"{r['case']:36s} runs {r['runs']:5d}  {saves} x{ratio:.2f}  {cell('load', r['load'])}  "
-        f"plan {r['plan_us']:6.1f} us  bytes {'ok' if r['bytes_ok'] else 'WRONG'}",
-        flush=True,
+    def line(head: str, prefix: str, tail: str) -> None:
+        """The launcher's save, the step thread's ("inline") and their ratio, the load, `tail`."""
+        save, inline, load = r[f"{prefix}save"], r[f"{prefix}save_inline"], r[f"{prefix}load"]
+        ratio = save["median_us"] / inline["median_us"]
+        saves = f"{cell('save', save)}  {cell('inline', inline)} x{ratio:.2f}"
+        print(f"{head}{saves}  {cell('load', load)}{tail}", flush=True)
+
+    line(
+        f"{r['case']:36s} runs {r['runs']:5d}  ",
+        "",
+        f"  plan {r['plan_us']:6.1f} us  bytes {'ok' if r['bytes_ok'] else 'WRONG'}",
     )
-    saves = f"{cell('save', r['worker_save'])}  {cell('inline', r['worker_save_inline'])}"
-    ratio = r["worker_save"]["median_us"] / r["worker_save_inline"]["median_us"]
-    print(
-        f"{'  through TierWorker (bind, save x32, flush / start_loads)':58s} "
-        f"{saves} x{ratio:.2f}  {cell('load', r['worker_load'])}",
-        flush=True,
-    )
+    line(f"{'  through TierWorker (bind, save x32, flush / start_loads)':58s} ", "worker_", "")
 
 
 def print_best(passes: list[list[dict]]) -> None:
