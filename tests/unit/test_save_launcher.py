@@ -247,3 +247,8 @@ def test_a_full_queue_makes_submit_wait_for_room_and_every_job_runs_in_order(tmp
     finally:
         launcher.close()
     assert lib.fake_entries()[: lib.fake_count()] == expected
+
+
+def test_a_launcher_without_slots_is_refused_by_name(runtime: Runtime) -> None:
+    with pytest.raises(ECConnectorError, match="0 slots and batches of 256 copies must each be at least 1"):
+        SaveLauncher(runtime.entry, device=0, slots=0)

@@ -124,12 +124,14 @@ static void *serve(void *arg) {
 /* A launcher with `slots` job slots for the streams of CUDA device `device`; NULL when out of
  * memory or the thread cannot start. `batch` may be NULL (copies go one cudaMemcpyAsync at a
  * time). */
-void *ec_launcher_new(int64_t slots, int64_t device, void *set_device, void *wait, void *record, void *memcpy1, void *batch,
-                      int64_t batch_has_fail_index, void *attrs, void *attr_index, int64_t batch_max) {
+void *ec_launcher_new(int64_t slots, int64_t device, void *set_device, void *wait, void *record,
+                      void *memcpy1, void *batch, int64_t batch_has_fail_index, void *attrs,
+                      void *attr_index, int64_t batch_max) {
+    if (slots < 1 || batch_max < 1) return NULL;
     launcher_t *l = calloc(1, sizeof *l);
     if (!l) return NULL;
     l->jobs = calloc((size_t)slots, sizeof *l->jobs);
-    if (!l->jobs || slots < 1 || batch_max < 1) {
+    if (!l->jobs) {
         free(l->jobs);
         free(l);
         return NULL;

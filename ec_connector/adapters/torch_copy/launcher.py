@@ -62,7 +62,10 @@ class SaveLauncher:
             entry.batch_max,
         )
         if not handle:
-            raise ECConnectorError("the save launcher's thread could not start (out of memory or threads)")
+            raise ECConnectorError(
+                f"the save launcher could not start: {slots} slots and batches of {entry.batch_max} "
+                "copies must each be at least 1, else the process is out of memory or threads"
+            )
         self._handle: int | None = handle
         self._lib = lib
         self._submit = lib.ec_launcher_submit
