@@ -21,7 +21,6 @@ encoder-only instance, whose step ends at the flush) they do not. docs/benchmark
 from __future__ import annotations
 
 import argparse
-import logging
 import random
 import statistics
 import sys
@@ -40,6 +39,7 @@ from ec_connector.application.worker import TierWorker  # noqa: E402
 from ec_connector.domain.config import Role  # noqa: E402
 from ec_connector.domain.layout import Layout  # noqa: E402
 from ec_connector.domain.transfers import PlannedCopy, StepPlan  # noqa: E402
+from ec_connector.logging import configure_logging  # noqa: E402
 
 BATCH = 32
 WIDTH = 3584  # 7 KiB rows of bfloat16
@@ -128,7 +128,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         sys.exit("save_launcher_step needs a CUDA device (the launcher queues CUDA copies)")
-    logging.disable(logging.INFO)  # the regions' creation and join lines
+    configure_logging(level="WARNING")  # not the regions' creation and join lines
     print(f"# {torch.cuda.get_device_name()} torch {torch.__version__}; batches of {BATCH}; median/p10 us")
     with torch.inference_mode(), scratch_shm_dir("ec_launcher_step") as shm_dir:
         for rows in args.rows:
