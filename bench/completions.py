@@ -8,6 +8,8 @@ single-process executor, on the step thread itself. Here, over a real /dev/shm r
   `post_completions` call for the batch), beside the same tickets posted one call each (the shape of
   the per-completion post this replaced in session 11), alternating call by call;
 - `drain`: `drain_completions` of `--batch` posted tickets;
+- `apply`: `TierScheduler.poll` applying `--batch` finished saves (each entry turns READY, its
+  latency is kept and a STORED event goes to the sink), the scheduler side's work per completion;
 - `events`: the `--batch` STORED events those saves publish on the event feed (`ZmqEventSink`, a
   subscriber connected over TCP), beside the same with the XPUB socket's subscription messages
   looked for at every publish (`SUBSCRIPTIONS_EVERY = 1`, as before session 11), in turn.
@@ -30,10 +32,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import zmq  # noqa: E402
 
 from bench.common import scratch_shm_dir  # noqa: E402
+from ec_connector.adapters.memory import MemoryRegion  # noqa: E402
 from ec_connector.adapters.shm import ShmRegion  # noqa: E402
+from ec_connector.adapters.system import LogEventSink, SystemClock  # noqa: E402
 from ec_connector.adapters.zmq_control import events as feed_module  # noqa: E402
+from ec_connector.application.scheduler import TierScheduler  # noqa: E402
 from ec_connector.application.worker import TierWorker  # noqa: E402
-from ec_connector.domain.config import Role  # noqa: E402
+from ec_connector.domain.config import Role, parse_config  # noqa: E402
 from ec_connector.domain.layout import Layout  # noqa: E402
 from ec_connector.domain.transfers import CacheEvent, EventKind  # noqa: E402
 
@@ -101,15 +106,46 @@ def main(argv: list[str] | None = None) -> None:
         worker.close()
         region.close()
     times.update(events(args.batch, args.rounds))
+    times.update(apply(args.batch, args.rounds))
     med = {k: statistics.median(v) * 1e6 for k, v in times.items()}
     print(f"# {args.batch} tickets per step, {args.rounds} rounds; median us")
     print(f"report (one post per batch)   {med['report']:8.1f}")
     print(f"one post call per ticket      {med['one call per ticket']:8.1f}")
     print(f"ratio                         {med['report'] / med['one call per ticket']:8.2f}")
     print(f"drain                         {med['drain']:8.1f}")
+    print(f"apply (TierScheduler.poll)    {med['apply']:8.1f}")
     print(f"events                        {med['events']:8.1f}")
     print(f"events, subscriptions each    {med['events, subscriptions each']:8.1f}")
     print(f"ratio                         {med['events'] / med['events, subscriptions each']:8.2f}")
+
+
+def apply(batch: int, rounds: int) -> dict[str, list[float]]:
+    """Host time of `TierScheduler.poll` applying `batch` finished saves, planned as vLLM's
+    allocations plan them (a large tier: FIFO evictions make room as rounds go on)."""
+    layout = Layout(hidden_dim=3584, dtype="bfloat16", num_blocks=200_000)
+    region = MemoryRegion(layout)
+    scheduler = TierScheduler(
+        config=parse_config({"ec_cpu_bytes": layout.data_bytes}, role="ec_both"),
+        region=region,
+        clock=SystemClock(),
+        events=LogEventSink(),
+        ranks=1,
+        engine_id="bench",
+    )
+    out: list[float] = []
+    for i in range(rounds + 50):
+        for j in range(batch):
+            scheduler.on_allocated(f"item-{i}-{j}", 146)
+        plan = scheduler.take_plan()
+        region.post_completions(0, [c.ticket for c in plan.saves], ok=True)
+        t0 = time.perf_counter()
+        scheduler.poll()
+        spent = time.perf_counter() - t0
+        if i >= 50:
+            out.append(spent)
+    assert scheduler.stats.saves_done == batch * (rounds + 50)
+    region.close()
+    return {"apply": out}
 
 
 def events(batch: int, rounds: int) -> dict[str, list[float]]:

@@ -68,6 +68,7 @@ class TierScheduler:
         self._config = config
         self._region = region
         self._layout = region.layout
+        self._row_bytes = region.layout.block_size_bytes
         self._clock = clock
         self._events = events
         self._ranks = ranks
@@ -198,12 +199,13 @@ class TierScheduler:
 
     def _poll(self) -> None:
         before = (self.stats.saves_done, self.stats.loads_done)
+        now = self._clock.now()  # one reading for the drained batch's latencies and the expiry
         for completion in self._region.drain_completions():
-            self._complete(completion)
+            self._complete(completion, now)
         saved, loaded = self.stats.saves_done - before[0], self.stats.loads_done - before[1]
         if (saved or loaded) and _debug():
             log.debug("tier_copies_completed", saves=saved, loads=loaded, engine_id=self._engine_id)
-        expiry = self._table.expire(self._clock.now(), quarantine_s=self._config.quarantine_s)
+        expiry = self._table.expire(now, quarantine_s=self._config.quarantine_s)
         if expiry:
             self._settle(expiry)
 
@@ -253,12 +255,12 @@ class TierScheduler:
         key, rows = entry.key, entry.rows
         ticket = next(self._tickets)
         waiting_on = {0} if kind is _Kind.SAVE else set(range(self._ranks))
-        size = rows * self._layout.block_size_bytes
+        size = rows * self._row_bytes
         self._pending[ticket] = _Pending(kind, key, waiting_on, now, size)
         self._planned_keys.add(key)
         return PlannedCopy(ticket, key, entry.extents, rows, entry.packed_extents())
 
-    def _complete(self, completion: Completion) -> None:
+    def _complete(self, completion: Completion, now: float) -> None:
         pending = self._pending.get(completion.ticket)
         if pending is None or completion.rank not in pending.waiting_on:
             self.stats.unknown_completions += 1
@@ -270,11 +272,11 @@ class TierScheduler:
             return
         del self._pending[completion.ticket]
         if pending.kind is _Kind.SAVE:
-            self._finish_save(pending)
+            self._finish_save(pending, now)
         else:
-            self._finish_load(pending)
+            self._finish_load(pending, now)
 
-    def _finish_save(self, pending: _Pending) -> None:
+    def _finish_save(self, pending: _Pending, now: float) -> None:
         key = pending.key
         self._save_ticket.pop(key, None)
         entry = self._table.get(key)
@@ -289,10 +291,10 @@ class TierScheduler:
         self._table.mark_ready(key)
         self.stats.saves_done += 1
         self.stats.bytes_saved += pending.size_bytes
-        self.stats.latencies.observe("save", self._clock.now() - pending.started)
+        self.stats.latencies.observe("save", now - pending.started)
         self._publish(EventKind.STORED, key, entry.rows)
 
-    def _finish_load(self, pending: _Pending) -> None:
+    def _finish_load(self, pending: _Pending, now: float) -> None:
         self._table.unpin(pending.key)
         if pending.failed:
             self.stats.loads_failed += 1
@@ -300,7 +302,7 @@ class TierScheduler:
         else:
             self.stats.loads_done += 1
             self.stats.bytes_loaded += pending.size_bytes
-            self.stats.latencies.observe("load", self._clock.now() - pending.started)
+            self.stats.latencies.observe("load", now - pending.started)
 
     def _settle(self, expiry: Expiry) -> None:
         for key in expiry.save_lapsed:
@@ -319,5 +321,4 @@ class TierScheduler:
             self._publish(EventKind.EXPIRED, key, entry.rows if entry else 0)
 
     def _publish(self, kind: EventKind, key: str, rows: int) -> None:
-        size = rows * self._layout.block_size_bytes
-        self._events.publish(CacheEvent(kind, key, self._engine_id, size))
+        self._events.publish(CacheEvent(kind, key, self._engine_id, rows * self._row_bytes))

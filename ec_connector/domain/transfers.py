@@ -90,9 +90,12 @@ class EventKind(str, Enum):
     EXPIRED = "expired"
 
 
-@dataclass(frozen=True, slots=True)
-class CacheEvent:
-    """Something an orchestrator may act on: an encoding became available or went away."""
+class CacheEvent(NamedTuple):
+    """Something an orchestrator may act on: an encoding became available or went away.
+
+    A named tuple, as `Completion`: the scheduler side makes one per finished save (and per
+    eviction), and a frozen dataclass took ~600 ns to make on the CPU VM.
+    """
 
     kind: EventKind
     mm_hash: str
