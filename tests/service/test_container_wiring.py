@@ -1,7 +1,10 @@
-"""How the container wires the P2P producer: what its desk advertises is where its server listens."""
+"""How the container wires the P2P producer (what its desk advertises is where its server listens)
+and the copier (the save launcher for encoder-only instances)."""
 
 from __future__ import annotations
 
+import pytest
+import torch
 from dependency_injector import providers
 
 from ec_connector.adapters.memory import MemoryPeerTransport, MemoryPeerWorld
@@ -29,5 +32,38 @@ def test_a_producer_asked_for_port_0_advertises_the_port_its_server_bound():
             tier.table.mark_ready("img")
         params = desk.publish({"img": {}})
         assert (params["img"]["peer_host"], params["img"]["peer_port"]) == ("127.0.0.1", server.address.port)
+    finally:
+        container.shutdown_resources()
+
+
+@pytest.mark.parametrize(
+    "device",
+    [
+        pytest.param("cpu", id="cpu"),
+        pytest.param(
+            "cuda",
+            id="cuda",
+            marks=[pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")],
+        ),
+    ],
+)
+@pytest.mark.parametrize("role", ["ec_producer", "ec_consumer", "ec_both"])
+def test_only_a_producer_on_cuda_launches_saves_from_the_launchers_thread(device: str, role: str) -> None:
+    """An encoder-only instance's step ends at the flush, so its copier hands copy-engine saves to
+    the save launcher; a role that loads goes on into the model's launches (docs/benchmarks.md,
+    session 12), so its step thread makes the driver call itself. CPU copies never launch."""
+    container = build_container(
+        role=role,
+        tier="memory",
+        device=device,
+        hidden_dim=4,
+        dtype="bfloat16",
+        side_host="127.0.0.1",
+        side_port=0,
+        extra={"ec_cpu_bytes": 4096},
+    )
+    try:
+        copier = container.copier()
+        assert copier.launches_saves == (device == "cuda" and role == "ec_producer")
     finally:
         container.shutdown_resources()

@@ -76,6 +76,11 @@ class TorchCopier:
     def layout(self) -> Layout:
         return self._layout
 
+    @property
+    def launches_saves(self) -> bool:
+        """Whether saves wholly on the copy engines go through the save launcher's thread."""
+        return isinstance(self._engine, CudaEngine) and self._engine.launches_saves
+
     def check(self, payload: object, rows: int) -> None:
         """Raise LayoutMismatch unless `payload` is `rows` rows of the region's width and dtype."""
         if not self._fits(payload, rows):

@@ -186,6 +186,10 @@ class CudaEngine:
         self._no_table = torch.zeros(3, dtype=torch.int64, device=device)
         self._warmup()
 
+    @property
+    def launches_saves(self) -> bool:
+        return self._launch_saves
+
     # -- the two directions -------------------------------------------------------------------
 
     def save(self, copies: Sequence[PlannedCopy], sources: list[torch.Tensor]) -> None:
