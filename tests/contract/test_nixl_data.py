@@ -317,6 +317,30 @@ def test_a_lost_connection_is_reloaded_from_the_peers_last_metadata(pair) -> Non
 
 
 @needs_nixl
+def test_a_peer_that_cannot_be_reloaded_is_dropped_and_named_so_until_added_again(pair, monkeypatch) -> None:
+    a, b, ra = pair
+    a._agent.remove_remote_agent(b.agent_name)  # NIXL loses the peer behind the adapter's back...
+
+    def refuse(metadata: bytes) -> str:
+        raise RuntimeError("NIXL_ERR_BACKEND")
+
+    monkeypatch.setattr(a._agent, "add_remote_agent", refuse)  # ...and cannot load it again
+    h = a.start_read(b.agent_name, [(512, 1024)], [(0, 1024)])
+    assert wait(a, h)[0] is ReadState.FAILED
+    a.release(h)
+    assert a.peers == []
+    with pytest.raises(ConnectionError, match=f"peer '{b.agent_name}' was dropped: a READ was refused"):
+        a.start_read(b.agent_name, [(0, 1024)], [(0, 1024)])
+    monkeypatch.undo()
+    a.add_peer(b.agent_name, b.agent_metadata())  # back: read as before
+    h = a.start_read(b.agent_name, [(512, 1024)], [(0, 1024)])
+    assert wait(a, h)[0] is ReadState.DONE
+    assert _bytes(ra, 0, 1024) == PATTERN * 4
+    with pytest.raises(ConnectionError, match="peer agent 'nobody' is not registered; add_peer it first"):
+        a.start_read("nobody", [(0, 1024)], [(0, 1024)])
+
+
+@needs_nixl
 def test_the_callers_thread_never_waits_for_a_post_in_progress(pair) -> None:
     """While the poster holds the agent (a same-host READ copies inside its post), start_read,
     read_state and release return at once (read_state of the oldest READ not yet posted after at

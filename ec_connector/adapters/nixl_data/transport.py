@@ -53,6 +53,7 @@ log = structlog.get_logger(__name__)
 
 UCX_ERROR_MODES = ("none", "peer")
 HANDOFF_S = 0.001  # the longest read_state waits for the poster (module docstring)
+DROPPED_KEPT = 256  # dropped peers remembered, to name why a READ from one is refused
 _STATES = {"DONE": ReadState.DONE, "PROC": ReadState.PENDING}
 
 
@@ -117,6 +118,9 @@ class NixlPeerTransport:
         self._backend = backend
         self._lock = threading.RLock()
         self._peers: dict[str, _Peer] = {}
+        # peers dropped because NIXL could not reload them (the last DROPPED_KEPT, by name): a later
+        # READ is refused naming why, not as if the peer had never been added
+        self._dropped: dict[str, str] = {}
         self._reads: dict[int, _Read] = {}
         self._handles = HandleReleaser(agent_name)
         self._ids = itertools.count(1)
@@ -194,6 +198,7 @@ class NixlPeerTransport:
                 self._remove_remote(loaded)
                 raise ValueError(f"metadata given for peer {name!r} is that of agent {loaded!r}")
             self._peers[name] = _Peer(bytes(metadata), info)
+            self._dropped.pop(name, None)
         log.info("nixl_peer_added", peer=name, replaced=known is not None)
 
     def start_read(
@@ -215,9 +220,7 @@ class NixlPeerTransport:
         """Queue one READ of `pieces` as `pieces()` returned them (here, or on a lane of the same
         region with the same peer): no second check. ConnectionError for an unknown peer."""
         self._check_open()
-        known = self._peers.get(peer)
-        if known is None:
-            raise PeerUnreachable(f"peer agent {peer!r} is not registered; add_peer it first")
+        known = self._known(peer)
         remote, local = descriptor_tables(pieces, known.info.base_address, self._base)
         handle = next(self._ids)
         self._reads[handle] = _Read(peer, None)
@@ -239,9 +242,7 @@ class NixlPeerTransport:
         """The (remote offset, local offset, length) descriptors a READ of these runs is posted as;
         the checks `start_read` makes (ValueError for bad runs, ConnectionError for an unknown peer)."""
         self._check_open()
-        known = self._peers.get(peer)
-        if known is None:
-            raise PeerUnreachable(f"peer agent {peer!r} is not registered; add_peer it first")
+        known = self._known(peer)
         return pair_runs(remote_runs, local_runs, remote_bytes=known.info.area_bytes, local_bytes=self._size)
 
     def read_state(self, handle: int, *, handoff: bool = True) -> ReadState:
@@ -427,9 +428,25 @@ class NixlPeerTransport:
             self._handles.release(read.xfer)
             read.xfer = None
 
+    def _known(self, peer: str) -> _Peer:
+        """The registered peer; PeerUnreachable naming why when it is not (never added, or dropped)."""
+        known = self._peers.get(peer)
+        if known is not None:
+            return known
+        if peer in self._dropped:
+            raise PeerUnreachable(
+                f"peer {peer!r} was dropped: {self._dropped[peer]}; add_peer it again once it is back"
+            )
+        raise PeerUnreachable(f"peer agent {peer!r} is not registered; add_peer it first")
+
     def _forget_peer(self, name: str, *, reason: str, loaded: bool = True) -> None:
         self._fail_pending(name, release_done=True)
         self._peers.pop(name, None)
+        if reason == "unreachable":
+            self._dropped.pop(name, None)
+            self._dropped[name] = "a READ was refused and NIXL could not reload its agent"
+            while len(self._dropped) > DROPPED_KEPT:
+                del self._dropped[next(iter(self._dropped))]
         if loaded:
             self._remove_remote(name)
         log.info("nixl_peer_removed", peer=name, reason=reason)
