@@ -433,10 +433,9 @@ class NixlPeerTransport:
         known = self._peers.get(peer)
         if known is not None:
             return known
-        if peer in self._dropped:
-            raise PeerUnreachable(
-                f"peer {peer!r} was dropped: {self._dropped[peer]}; add_peer it again once it is back"
-            )
+        why = self._dropped.get(peer)  # one read: the poster thread may change it meanwhile
+        if why is not None:
+            raise PeerUnreachable(f"peer {peer!r} was dropped: {why}; add_peer it again once it is back")
         raise PeerUnreachable(f"peer agent {peer!r} is not registered; add_peer it first")
 
     def _forget_peer(self, name: str, *, reason: str, loaded: bool = True) -> None:
