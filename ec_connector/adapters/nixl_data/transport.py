@@ -409,6 +409,7 @@ class NixlPeerTransport:
         except Exception as e:
             log.warning("nixl_peer_reload_failed", peer=peer, error=describe(e))
             self._forget_peer(peer, reason="unreachable", loaded=False)
+            self._remember_dropped(peer, "a READ was refused and NIXL could not reload its agent")
             return False
         return True
 
@@ -438,14 +439,16 @@ class NixlPeerTransport:
             raise PeerUnreachable(f"peer {peer!r} was dropped: {why}; add_peer it again once it is back")
         raise PeerUnreachable(f"peer agent {peer!r} is not registered; add_peer it first")
 
+    def _remember_dropped(self, name: str, why: str) -> None:
+        """Keep why `name` was dropped until it is added again (the last DROPPED_KEPT peers)."""
+        self._dropped.pop(name, None)
+        self._dropped[name] = why
+        while len(self._dropped) > DROPPED_KEPT:
+            del self._dropped[next(iter(self._dropped))]
+
     def _forget_peer(self, name: str, *, reason: str, loaded: bool = True) -> None:
         self._fail_pending(name, release_done=True)
         self._peers.pop(name, None)
-        if reason == "unreachable":
-            self._dropped.pop(name, None)
-            self._dropped[name] = "a READ was refused and NIXL could not reload its agent"
-            while len(self._dropped) > DROPPED_KEPT:
-                del self._dropped[next(iter(self._dropped))]
         if loaded:
             self._remove_remote(name)
         log.info("nixl_peer_removed", peer=name, reason=reason)

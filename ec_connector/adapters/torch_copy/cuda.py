@@ -174,7 +174,6 @@ class CudaEngine:
         self._launch_saves = launcher and self._rt.has_batch_copy
         self._save_launcher: SaveLauncher | None = None
         self._launched_streams: list[torch.cuda.Stream] = []
-        self._streams_per_direction = streams
         self._fences: list[int] = []
         self._fence = self._rt.event(timing=False)
         self._join = self._rt.event(timing=False)
@@ -314,7 +313,7 @@ class CudaEngine:
             slot, fire = self._kernel_launch(plan, dense[0], save)
 
         rt = self._rt
-        start, end = self._events.pop() if self._events else (rt.event(timing=True), rt.event(timing=True))
+        start, end = self._take_events()
         stream = stream_obj.cuda_stream
         side = self._side[stream] if plan.dma and fire is not None else None
         rt.record(self._fence, caller)
@@ -347,16 +346,14 @@ class CudaEngine:
     ) -> None:
         """Record the batch's fence on the caller's stream and submit its copies to the launcher."""
         rt = self._rt
-        start, end = self._events.pop() if self._events else (rt.event(timing=True), rt.event(timing=True))
+        start, end = self._take_events()
         fence = self._fences.pop() if self._fences else rt.event(timing=False)
         rt.record(fence, caller)
         launcher = self._save_launcher
         if launcher is None:
             launcher = self._save_launcher = SaveLauncher(self._rt.entry_points(), self._index)
             with torch.cuda.device(self._device):
-                self._launched_streams = [
-                    torch.cuda.Stream(self._device) for _ in range(self._streams_per_direction)
-                ]
+                self._launched_streams = [torch.cuda.Stream(self._device) for _ in self._save_streams]
         stream = self._next(self._launched_streams).cuda_stream
         columns = (plan.dma_dst, plan.dma_src, plan.dma_size, plan.dma)
         job = launcher.submit(stream, fence, start, end, *columns)
@@ -399,6 +396,12 @@ class CudaEngine:
             self._slots.append(batch.slot)
         if batch.fence:
             self._fences.append(batch.fence)
+
+    def _take_events(self) -> tuple[int, int]:
+        """A (start, end) pair of timing events for a batch: a pooled one, else new."""
+        if self._events:
+            return self._events.pop()
+        return self._rt.event(timing=True), self._rt.event(timing=True)
 
     def _take_slot(self, runs: int) -> _Slot:
         for i, slot in enumerate(self._slots):
