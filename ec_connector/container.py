@@ -23,6 +23,7 @@ local mode), else LogEventSink.
 
 from __future__ import annotations
 
+import secrets
 from collections.abc import Iterator
 
 from dependency_injector import containers, providers
@@ -159,8 +160,10 @@ def _event_sink(config: ConnectorConfig, dp_rank: int) -> Iterator[EventSink]:
 
 
 def _agent_name(instance: str, dp_rank: int) -> str:
-    """One NIXL agent per engine instance and data-parallel rank (as the region file)."""
-    return f"{instance}_dp{dp_rank}"
+    """One NIXL agent per engine instance and data-parallel rank (as the region file), named anew at
+    each start: a restarted producer's agent never takes its predecessor's name, which consumers
+    may still hold (ConsumerFetcher._use_agent)."""
+    return f"{instance}_dp{dp_rank}@{secrets.token_hex(4)}"
 
 
 def _agent_metadata(transport: PeerTransport) -> bytes:
@@ -210,7 +213,7 @@ class Container(containers.DeclarativeContainer):
         engine_id=settings.instance,
     )
     peer_stats = providers.Singleton(PeerStats)
-    agent_name = providers.Callable(_agent_name, settings.instance, settings.dp_rank)
+    agent_name = providers.Singleton(_agent_name, settings.instance, settings.dp_rank)
     peer_transport = providers.Resource(_peer_transport, region, connector_config, agent_name=agent_name)
     control_server = providers.Resource(
         _control_server, connector_config, host=settings.side_host, port=settings.side_port
@@ -223,7 +226,7 @@ class Container(containers.DeclarativeContainer):
         clock=clock,
         fingerprint=settings.fingerprint,
         address=control_server.provided.address,  # where it listens: its port, if 0 was asked
-        agent_name=agent_name,
+        agent_name=peer_transport.provided.agent_name,  # what the acks name: the transport's own
         agent_metadata=providers.Callable(_agent_metadata, peer_transport),
         stats=peer_stats,
     )

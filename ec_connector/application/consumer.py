@@ -99,6 +99,7 @@ class ConsumerFetcher:
         self._fingerprint = fingerprint
         self._engine_id = engine_id
         self._fetches: dict[str, _Fetch] = {}
+        self._agents: dict[PeerAddress, str] = {}  # the agent each producer last acked with
         self._fell_back: dict[str, float] = {}
         self._unavailable: set[str] = set()
         self.stats = stats
@@ -256,6 +257,7 @@ class ConsumerFetcher:
             self._fail(ack.mm_hash, fetch, now, "bad_ack")
             return
         try:
+            self._use_agent(fetch.ref.address, ack.agent_name)
             self._transport.add_peer(ack.agent_name, ack.agent_metadata)
             fetch.handle = self._transport.start_read(
                 ack.agent_name, ack.runs, self._tier.layout.byte_runs(entry.extents)
@@ -267,6 +269,19 @@ class ConsumerFetcher:
             return
         fetch.state, fetch.deadline = _State.READING, now + self._config.read_timeout_s
         fetch.read_started, fetch.runs = now, len(ack.runs)
+
+    def _use_agent(self, address: PeerAddress, agent: str) -> None:
+        """Note the agent `address` acked with. A new one means its producer restarted (each
+        start names its agent anew): the old agent is removed, so dead agents do not pile up and
+        no agent name is ever loaded twice (NIXL 1.5.1 aborted ~1 run in 50 reading a producer
+        re-added under its old name; docs/reliability.md)."""
+        old = self._agents.get(address)
+        if old == agent:
+            return
+        self._agents[address] = agent
+        if old is not None and old not in self._agents.values():
+            self._transport.remove_peer(old)
+            log.info("peer_agent_replaced", peer=f"{address.host}:{address.port}", old=old, new=agent)
 
     def _progress(self, key: str, fetch: _Fetch, now: float) -> None:
         if fetch.state is _State.ASKING and now >= fetch.deadline:

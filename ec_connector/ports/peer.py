@@ -27,6 +27,11 @@ class PeerTransport(Protocol):
         """Register (or re-register, if `metadata` changed) a remote agent; idempotent; blocking."""
         ...
 
+    def remove_peer(self, name: str) -> None:
+        """Forget a remote agent (e.g. replaced by a restarted producer's): its pending READs end
+        FAILED and new ones are refused until it is added again; idempotent; blocking."""
+        ...
+
     def start_read(
         self,
         peer: str,

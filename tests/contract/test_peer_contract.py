@@ -327,7 +327,9 @@ def test_bad_runs_are_a_value_error_and_nothing_is_read(world: World, prod: Any,
     assert world.local_bytes() == bytes([SENTINEL]) * LAYOUT.data_bytes
 
 
-def test_killed_producer_fails_reads_and_a_restarted_one_is_read_after_re_adding(world: World) -> None:
+def test_killed_producer_fails_reads_and_its_restart_is_read_once_added(world: World) -> None:
+    """A restarted producer comes back under a new agent name (the container names each start
+    anew); the consumer removes the dead agent and adds the new one, as ConsumerFetcher does."""
     name = f"prod-k-{uuid.uuid4().hex[:6]}"
     first = world.start_producer(name, seed=2)
     world.consumer.add_peer(name, first.metadata)
@@ -350,11 +352,52 @@ def test_killed_producer_fails_reads_and_a_restarted_one_is_read_after_re_adding
         world.consumer.release(handle)
     assert time.monotonic() - t0 < BOUND_S
 
-    second = world.start_producer(name, seed=3)  # same name, new agent; this consumer lives on
+    second = world.start_producer(f"{name}-2", seed=3)  # this consumer lives on
+    world.consumer.remove_peer(name)
+    world.consumer.add_peer(second.name, second.metadata)
+    world.clear()
+    handle = world.consumer.start_read(second.name, runs, runs)
+    assert wait(world.consumer, handle)[0] is ReadState.DONE
+    assert gathered(world.local_bytes(), runs) == expected(pattern(3), runs)
+    world.consumer.release(handle)
+    with pytest.raises(ConnectionError):
+        world.consumer.start_read(name, runs, runs)
+
+
+def test_new_metadata_under_a_known_name_replaces_the_agent(world: World) -> None:
+    """A producer stopped and started again under its old name (a transport built outside the
+    container) is read after `add_peer` with its new metadata."""
+    name = f"prod-r-{uuid.uuid4().hex[:6]}"
+    first = world.start_producer(name, seed=2)
+    world.consumer.add_peer(name, first.metadata)
+    runs = [(0, 64 * B)]
+    handle = world.consumer.start_read(name, runs, runs)
+    assert wait(world.consumer, handle)[0] is ReadState.DONE
+    world.consumer.release(handle)
+    first.stop()
+    second = world.start_producer(name, seed=3)
     assert second.metadata != first.metadata
     world.consumer.add_peer(name, second.metadata)
     world.clear()
     handle = world.consumer.start_read(name, runs, runs)
     assert wait(world.consumer, handle)[0] is ReadState.DONE
     assert gathered(world.local_bytes(), runs) == expected(pattern(3), runs)
+    world.consumer.release(handle)
+
+
+def test_a_removed_peer_is_refused_until_added_again(world: World, prod: Any) -> None:
+    runs = [(0, 64 * B)]
+    in_flight = world.consumer.start_read(prod.name, runs, runs)
+    world.consumer.remove_peer(prod.name)
+    assert wait(world.consumer, in_flight)[0] in (ReadState.DONE, ReadState.FAILED)  # never hangs
+    world.consumer.release(in_flight)
+    with pytest.raises(ConnectionError):
+        world.consumer.start_read(prod.name, runs, runs)
+    world.consumer.remove_peer(prod.name)  # idempotent
+    world.consumer.remove_peer("never-added")
+    world.consumer.add_peer(prod.name, prod.metadata)
+    world.clear()
+    handle = world.consumer.start_read(prod.name, runs, runs)
+    assert wait(world.consumer, handle)[0] is ReadState.DONE
+    assert gathered(world.local_bytes(), runs) == expected(pattern(1), runs)
     world.consumer.release(handle)

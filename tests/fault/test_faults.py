@@ -263,6 +263,9 @@ def test_a_restarted_producer_answers_missing_for_old_items_and_is_read_with_its
     new = second.store("new", 16)
     assert consumer.fetch(new, [("new", 16)], bound_s=READ_BOUND) == {"new": "read"}
     consumer.assert_read("new", 16)
+    # each start names its agent anew; the consumer removed the dead one from every lane
+    assert second.agent != first.agent and second.agent.split("@")[0] == first.agent.split("@")[0]
+    assert consumer.transport.peers == [second.agent]
     assert consumer.stats.nack_missing + consumer.stats.peers_lost == 1
     consumer.assert_clean()
     assert_producer_clean(second)

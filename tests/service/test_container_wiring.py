@@ -9,6 +9,7 @@ from dependency_injector import providers
 
 from ec_connector.adapters.memory import MemoryPeerTransport, MemoryPeerWorld
 from ec_connector.container import build_container
+from ec_connector.domain.protocol import PROTOCOL_VERSION, AckStatus, XferReq
 
 
 def test_a_producer_asked_for_port_0_advertises_the_port_its_server_bound():
@@ -65,5 +66,41 @@ def test_only_a_producer_on_cuda_launches_saves_from_the_launchers_thread(device
     try:
         copier = container.copier()
         assert copier.launches_saves == (device == "cuda" and role == "ec_producer")
+    finally:
+        container.shutdown_resources()
+
+
+def test_each_start_names_its_nixl_agent_anew_and_the_desk_acks_with_the_transports_name():
+    def build() -> object:
+        return build_container(
+            role="ec_producer",
+            tier="memory",
+            device="memory",
+            instance="enc-7",
+            dp_rank=1,
+            hidden_dim=4,
+            dtype="bfloat16",
+            side_host="127.0.0.1",
+            side_port=0,
+            extra={"ec_cpu_bytes": 4096, "ec_enable_nixl": True},
+        )
+
+    first, second = build(), build()
+    names = [c.agent_name() for c in (first, second)]  # type: ignore[attr-defined]
+    assert all(n.startswith("enc-7_dp1@") for n in names) and names[0] != names[1]
+    assert first.agent_name() == names[0], "one name per container"  # type: ignore[attr-defined]
+    for c in (first, second):
+        c.shutdown_resources()  # type: ignore[attr-defined]
+
+    container = build()
+    transport = MemoryPeerTransport(MemoryPeerWorld(), container.agent_name(), container.region())
+    container.peer_transport.override(providers.Object(transport))
+    try:
+        tier, desk = container.tier_scheduler(), container.producer_desk()
+        with tier.lock:
+            tier.table.reserve("img", 2, now=container.clock().now(), lease_s=60.0)
+            tier.table.mark_ready("img")
+        ack = desk.answer(XferReq(PROTOCOL_VERSION, "img", "", "cons"))
+        assert ack.status is AckStatus.OK and ack.agent_name == transport.agent_name
     finally:
         container.shutdown_resources()

@@ -255,22 +255,51 @@ def test_control_connection_lost_during_a_stalled_read_gives_it_up_before_the_re
     assert pair.consumer.scheduler.table.get("img").phase is Phase.QUARANTINED  # a DMA may land
 
 
-def test_restarted_producer_is_read_with_the_agent_metadata_its_ack_carries():
+def _restart_producer(pair: Pair, agent: str, *, kill: bool = True) -> MemoryPeerTransport:
+    """Kill the producer and start a new one (new agent named `agent`, empty cache) at ADDR."""
+    if kill:
+        pair.world.kill("prod")
+    pair.producer = Engine(role=Role.PRODUCER, clock=pair.clock)
+    transport = MemoryPeerTransport(pair.world, agent, pair.producer.region)
+    pair.server.close()
+    pair.desk = pair._desk(transport)
+    MemoryControlServer(pair.net, ADDR).start(pair.desk.answer, pair.desk.done)
+    return transport
+
+
+@pytest.mark.parametrize(
+    "agent",
+    [
+        pytest.param("prod@2", id="new agent name (as the container names each start)"),
+        pytest.param("prod", id="same agent name, new metadata"),
+    ],
+)
+def test_restarted_producer_is_read_with_the_agent_its_ack_carries_and_the_old_agent_is_removed(agent):
     pair = Pair()
     first = pair.produce([("a", 3)])
     assert pair.run_until_available(first, [("a", 3)])
     old_metadata = pair.producer_transport.agent_metadata()
-    # restart: same agent name, new agent, new metadata, empty cache
-    pair.world.kill("prod")
-    pair.producer = Engine(role=Role.PRODUCER, clock=pair.clock)
-    transport = MemoryPeerTransport(pair.world, "prod", pair.producer.region)
-    assert transport.agent_metadata() != old_metadata
-    pair.server.close()
-    pair.desk = pair._desk(transport)
-    MemoryControlServer(pair.net, ADDR).start(pair.desk.answer, pair.desk.done)
+    assert _restart_producer(pair, agent).agent_metadata() != old_metadata
     second = pair.produce([("b", 4)])
     assert pair.run_until_available(second, [("b", 4)])
     assert pair.consumer.step([("b", 4)]).loaded["b"] == encoder_output("b", 4)
+    consumer_transport = pair.fetcher._transport
+    assert consumer_transport.peers == {agent: pair.desk._agent_metadata}, "the old agent is gone"
+
+
+def test_a_read_still_pending_from_a_replaced_agent_fails_and_its_blocks_are_quarantined():
+    pair = Pair()
+    pair.world.stalled.add("prod")  # the READ hangs, and the old agent is never seen to die
+    params = pair.produce([("img", 4)])
+    assert pair.fetch(params, [("img", 4)]) is False  # asks
+    assert pair.fetch(params, [("img", 4)]) is False  # the ack arrives: the READ starts
+    assert pair.fetch(params, [("img", 4)]) is False  # still reading
+    _restart_producer(pair, "prod@2", kill=False)  # acks the next item with its new agent
+    again = pair.produce([("b", 2)])
+    assert pair.run_until_available(again, [("b", 2)])
+    assert pair.run_until_available(params, [("img", 4)])  # the old READ failed: fell back
+    assert pair.consumer_stats.reads_failed == 1 and pair.consumer_stats.read_timeouts == 0
+    assert pair.consumer.scheduler.table.get("img").phase is Phase.QUARANTINED  # a DMA may land
 
 
 def test_request_whose_media_is_gone_fails_cleanly_when_the_item_cannot_be_fetched():

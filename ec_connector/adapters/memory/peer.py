@@ -50,6 +50,12 @@ class MemoryPeerTransport:
     def add_peer(self, name: str, metadata: bytes) -> None:
         self.peers[name] = metadata
 
+    def remove_peer(self, name: str) -> None:
+        self.peers.pop(name, None)
+        for handle, (peer, state) in list(self._reads.items()):
+            if peer == name and state is ReadState.PENDING:
+                self._reads[handle] = (peer, ReadState.FAILED)
+
     def start_read(
         self,
         peer: str,

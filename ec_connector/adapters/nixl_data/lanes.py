@@ -56,6 +56,15 @@ class LanedPeerTransport:
         for lane in self._lanes:
             lane.add_peer(name, metadata)
 
+    def remove_peer(self, name: str) -> None:
+        for lane in self._lanes:
+            lane.remove_peer(name)
+
+    @property
+    def peers(self) -> list[str]:
+        """The peers any lane holds."""
+        return sorted({peer for lane in self._lanes for peer in lane.peers})
+
     def start_read(
         self,
         peer: str,

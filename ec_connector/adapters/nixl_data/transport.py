@@ -201,6 +201,15 @@ class NixlPeerTransport:
             self._dropped.pop(name, None)
         log.info("nixl_peer_added", peer=name, replaced=known is not None)
 
+    def remove_peer(self, name: str) -> None:
+        """Forget the peer and remove its agent: its pending READs report FAILED, new ones are
+        refused as never added; idempotent."""
+        with self._lock:
+            self._check_open()
+            self._dropped.pop(name, None)
+            if name in self._peers:
+                self._forget_peer(name, reason="removed")
+
     def start_read(
         self,
         peer: str,
