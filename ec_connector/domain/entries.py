@@ -35,7 +35,8 @@ class Entry:
     grants: dict[int, float] = field(default_factory=dict)
     announced_until: float = float("-inf")
     quarantined_until: float = float("-inf")
-    order: int = 0  # the table's reservation sequence number: FIFO eviction goes by it
+    order: int = 0  # place in the table's eviction queue (FIFO): set at reservation and re-set
+    # when the entry's last pin or grant is released
     _packed: bytes = field(default=b"", repr=False)
 
     def __post_init__(self) -> None:

@@ -592,17 +592,53 @@ def test_protect_may_be_any_container_of_keys():
         assert _keys(table) == ["b", "d"]
 
 
-def test_an_entry_pinned_and_unpinned_many_times_keeps_its_reservation_order():
+def test_an_entry_read_goes_to_the_back_of_the_queue_once_its_last_pin_is_released():
+    table = _table(9)
+    for key in "abc":
+        _put_ready(table, key, 3)
+    table.pin("a")
+    table.pin("a")  # two loads of "a" in flight
+    table.unpin("a")
+    table.pin("b")
+    table.unpin("b")  # "b" read: behind "c" now; "a" still held
+    res = table.reserve("d", 3, now=1.0, lease_s=LEASE)
+    assert res is not None and [e.key for e in res.evicted] == ["c"]
+    table.unpin("a")  # its last pin: behind "b" and "d"
+    table.mark_ready("d")
+    res = table.reserve("e", 6, now=1.0, lease_s=LEASE)
+    assert res is not None and [e.key for e in res.evicted] == ["b", "d"]
+    assert _keys(table) == ["a", "e"]
+
+
+def test_an_entry_a_peer_read_goes_to_the_back_of_the_queue_once_its_last_grant_is_released():
     table = _table(6)
     _put_ready(table, "a", 3)
     _put_ready(table, "b", 3)
-    for _ in range(200):  # each unpin lists "a" as evictable again
+    table.grant("a", 1, now=0.0, lease_s=30.0)
+    table.pin("a")
+    assert table.release_grant("a", 1) is True  # still pinned: its place is decided at the unpin
+    table.unpin("a")
+    res = table.reserve("c", 3, now=1.0, lease_s=LEASE)
+    assert res is not None and [e.key for e in res.evicted] == ["b"]
+    table.grant("a", 2, now=1.0, lease_s=1.0)  # a grant that lapses counts as released
+    table.mark_ready("c")
+    table.expire(2.0, quarantine_s=Q)
+    res = table.reserve("d", 3, now=2.0, lease_s=LEASE)
+    assert res is not None and [e.key for e in res.evicted] == ["c"]
+
+
+def test_an_entry_pinned_and_unpinned_many_times_keeps_one_place_in_the_queue():
+    table = _table(6)
+    _put_ready(table, "a", 3)
+    _put_ready(table, "b", 3)
+    for _ in range(200):  # each unpin queues "a" again, behind "b"
         table.pin("a")
         table.unpin("a")
     table.pin("b")
-    table.unpin("b")
+    table.unpin("b")  # now "b" is behind "a"
     res = table.reserve("c", 3, now=1.0, lease_s=LEASE)
     assert res is not None and [e.key for e in res.evicted] == ["a"]
+    assert len(table._fifo) <= 64, "the re-queued entry's stale places are dropped"
 
 
 def test_metadata_stays_proportional_to_live_entries_and_deadlines():
@@ -629,12 +665,12 @@ def test_metadata_stays_proportional_to_live_entries_and_deadlines():
     assert table.evictable_blocks(now + 1.0) == table.blocks.used_blocks
 
 
-def test_a_reservation_at_an_earlier_time_still_evicts_in_reservation_order():
+def test_a_reservation_at_an_earlier_time_evicts_in_the_same_queue_order():
     table = _table(6)
     _put_ready(table, "a", 3)
     _put_ready(table, "b", 3)
     table.pin("a")
-    table.unpin("a")  # listed as evictable again, after b
+    table.unpin("a")  # queued again, behind b
     assert table.evictable_blocks(10.0) == 6
     res = table.reserve("c", 3, now=5.0, lease_s=LEASE)
-    assert res is not None and [e.key for e in res.evicted] == ["a"]
+    assert res is not None and [e.key for e in res.evicted] == ["b"]

@@ -215,6 +215,8 @@ class MEntry:
     announced_until: float = -math.inf
     reported_until: float = -math.inf
     quarantined_until: float = -math.inf
+    queued: int = 0  # place in the eviction queue: reservation, or the release of its last pin/grant
+    granted: dict[int, int] = field(default_factory=dict)  # grant id -> Model.grant_seq when made
 
     def pinned(self) -> bool:
         return self.pins > 0 or bool(self.grants)
@@ -224,11 +226,19 @@ class MEntry:
 
 
 class Model:
-    """The lifecycle rules, written as plainly as possible: a list in reservation order."""
+    """The lifecycle rules, written as plainly as possible: a list in reservation order, each entry
+    with its place in the eviction queue."""
 
     def __init__(self, num_blocks: int) -> None:
         self.num_blocks = num_blocks
         self.entries: dict[str, MEntry] = {}
+        self.queue_end = 0
+        self.grant_seq = 0  # grants in the order made: lapses at one deadline settle in that order
+
+    def requeue(self, e: MEntry) -> None:
+        if not e.pinned():
+            self.queue_end += 1
+            e.queued = self.queue_end
 
     @property
     def free(self) -> int:
@@ -238,6 +248,7 @@ class Model:
         if key in self.entries:
             raise IllegalTransition(key)
         evictable = [e for e in self.entries.values() if e.evictable(now) and e.key not in protect]
+        evictable.sort(key=lambda e: e.queued)
         if rows > self.free + sum(e.rows for e in evictable):
             return None
         evicted = []
@@ -247,6 +258,7 @@ class Model:
             del self.entries[victim.key]
             evicted.append(victim.key)
         self.entries[key] = MEntry(key, rows, now + lease)
+        self.requeue(self.entries[key])
         return evicted
 
     def need(self, key: str) -> MEntry:
@@ -271,20 +283,25 @@ class Model:
         if e.pins == 0:
             raise IllegalTransition(key)
         e.pins -= 1
+        self.requeue(e)
 
     def grant(self, key: str, gid: int, deadline: float) -> None:
         e = self.need(key)
         if e.phase != "ready" or gid in e.grants:
             raise IllegalTransition(key)
         e.grants[gid] = deadline
+        self.grant_seq += 1
+        e.granted[gid] = self.grant_seq
 
     def release_grant(self, key: str, gid: int) -> bool:
         e = self.entries.get(key)
         if e is None or gid not in e.grants:
             return False
         del e.grants[gid]
+        e.granted.pop(gid, None)
         if not e.grants:
             e.announced_until = -math.inf
+        self.requeue(e)
         return True
 
     def announce(self, key: str, until: float) -> None:
@@ -314,6 +331,7 @@ class Model:
 
     def expire(self, now: float, q: float) -> dict[str, list]:
         out: dict[str, list] = {"save": [], "grant": [], "announce": [], "settled": []}
+        lapsed = []  # (deadline, made, entry): a lapsed grant is released, as by release_grant
         for e in list(self.entries.values()):
             events = []
             if e.phase == "not_ready" and e.ready_deadline <= now:
@@ -328,7 +346,7 @@ class Model:
                     e.phase, e.quarantined_until = "quarantined", now + q
                     out["save"].append(e.key)
                 elif kind == "grant":
-                    del e.grants[gid]
+                    lapsed.append((e.grants.pop(gid), e.granted.pop(gid), e))
                     if not e.grants:
                         e.announced_until = -math.inf
                     out["grant"].append((e.key, gid))
@@ -339,6 +357,9 @@ class Model:
                     del self.entries[e.key]
                     out["settled"].append(e.key)
                     break
+        for _, _, e in sorted(lapsed, key=lambda t: t[:2]):
+            if not e.grants:  # the entry's last grant: queued again when the table released it
+                self.requeue(e)
         return out
 
 
@@ -600,3 +621,41 @@ def test_eviction_takes_the_oldest_evictable_entries_and_no_more(specs, rows):
     assert res is not None
     assert [e.key for e in res.evicted] == expected
     assert [e.key for e in table.entries()] == [k for k in keys_before if k not in expected] + ["new"]
+
+
+@SETTINGS
+@given(
+    sizes=st.lists(st.integers(1, 4), min_size=2, max_size=10),
+    reads=st.lists(st.tuples(st.integers(0, 9), st.sampled_from(["load", "peer"])), max_size=12),
+    rows=st.integers(1, 40),
+)
+def test_an_entry_read_is_evicted_after_every_entry_not_read_since(sizes, reads, rows):
+    """The eviction queue: reservation order, an entry moved to the back when a load (pin) or a
+    peer's READ (grant) of it ends."""
+    table = EntryTable(40)
+    queue = [f"k{i}" for i in range(len(sizes))]
+    for key, size in zip(queue, sizes, strict=True):
+        table.reserve(key, size, now=0.0, lease_s=100.0)
+        table.mark_ready(key)
+    for n, (i, how) in enumerate(reads):
+        key = f"k{i % len(sizes)}"
+        if how == "load":
+            table.pin(key)
+            table.unpin(key)
+        else:
+            table.grant(key, n, now=0.0, lease_s=100.0)
+            assert table.release_grant(key, n)
+        queue.remove(key)
+        queue.append(key)
+    free = table.blocks.free_blocks
+    res = table.reserve("new", rows, now=1.0, lease_s=100.0)
+    if rows > free + sum(sizes):
+        assert res is None
+        return
+    expected: list[str] = []
+    for key in queue:
+        if rows <= free:
+            break
+        expected.append(key)
+        free += sizes[int(key[1:])]
+    assert res is not None and [e.key for e in res.evicted] == expected
