@@ -56,10 +56,18 @@ class AgedTable:
     """An `EntryTable` kept full by FIFO eviction, with a share of entries dropped out of order."""
 
     def __init__(
-        self, num_blocks: int, min_run: int, drop_share: float, rng: random.Random, *, max_runs: int = 0
+        self,
+        num_blocks: int,
+        min_run: int,
+        drop_share: float,
+        rng: random.Random,
+        *,
+        max_runs: int = 0,
+        read_share: float = 0.0,
     ) -> None:
         self.table = EntryTable(num_blocks, min_run=min_run, max_runs=max_runs)
         self.drop_share = drop_share
+        self.read_share = read_share
         self.rng = rng
         self._keys = 0
         self.evicted = 0
@@ -72,6 +80,10 @@ class AgedTable:
         if self.drop_share and len(table) > 1 and rng.random() < self.drop_share:
             victim = rng.choice(table.entries()[1:])  # not the oldest: that one FIFO takes anyway
             table.drop(victim.key)
+        if self.read_share and len(table) > 1 and rng.random() < self.read_share:
+            hit = rng.choice(table.entries()).key  # a load of a live entry: queued again for eviction
+            table.pin(hit)
+            table.unpin(hit)
         self._keys += 1
         key = f"e{self._keys}"
         t0 = time.perf_counter()
@@ -121,13 +133,16 @@ def measure(
     ops: int,
     strict: bool,
     max_runs: int = 0,
+    read_share: float = 0.0,
 ) -> Aging:
     """Age a table for `ops` reservations, then record the second `ops`."""
     num_blocks = region_bytes // row_bytes
     layout = Layout(hidden_dim=row_bytes // 2, dtype="bfloat16", num_blocks=num_blocks)
     min_run = layout.blocks_for(floor_bytes)
     short = layout.blocks_for(MIN_RUN_BYTES)  # what counts as short is the default floor's length
-    aged = AgedTable(num_blocks, min_run, drop_share, random.Random(row_bytes), max_runs=max_runs)
+    aged = AgedTable(
+        num_blocks, min_run, drop_share, random.Random(row_bytes), max_runs=max_runs, read_share=read_share
+    )
     aged.age(ops)
     aged.evicted = aged.for_runs = 0
     aged.reserve_s = []
@@ -162,6 +177,13 @@ def main(argv: list[str] | None = None) -> None:
         "--max-runs", type=int, default=MAX_ENTRY_RUNS, help="the run cap measured with the floor"
     )
     parser.add_argument("--strict", action="store_true", help="count an entry's short remainder as well")
+    parser.add_argument(
+        "--read-share",
+        type=float,
+        default=0.0,
+        help="share of reservations that follow a load of a random live entry (a hit, which queues that "
+        "entry again for eviction: more frees out of reservation order)",
+    )
     args = parser.parse_args(argv)
     widths = (3584,) if args.quick else (1024, 3584, 16384)
     shares = (0.05,) if args.quick else (0.0, 0.05, 0.20)
@@ -170,7 +192,7 @@ def main(argv: list[str] | None = None) -> None:
         f"# region {args.region_mib} MiB, {ops} reservations aged then {ops} recorded; "
         f"entries 64-5,800 rows; floor {args.floor_bytes // 1024} KiB, then with a cap of "
         f"{args.max_runs} runs, against neither; "
-        f"short = under {MIN_RUN_BYTES // 1024} KiB"
+        f"short = under {MIN_RUN_BYTES // 1024} KiB; {args.read_share:.0%} of reservations after a load"
     )
     print(
         f"{'row':>4} {'drops':>5} {'floor':>6} | {'runs/e':>6} {'p99':>4} {'max':>4} | {'short bytes':>11} | "
@@ -180,10 +202,11 @@ def main(argv: list[str] | None = None) -> None:
     for width in widths:
         row_bytes = width * 2
         for share in shares:
-            base = measure(row_bytes, args.region_mib * MiB, 0, share, ops, args.strict).row()
-            floor = measure(row_bytes, args.region_mib * MiB, args.floor_bytes, share, ops, args.strict).row()
+            region, reads = args.region_mib * MiB, args.read_share
+            base = measure(row_bytes, region, 0, share, ops, args.strict, read_share=reads).row()
+            floor = measure(row_bytes, region, args.floor_bytes, share, ops, args.strict, read_share=reads).row()
             capped = measure(
-                row_bytes, args.region_mib * MiB, args.floor_bytes, share, ops, args.strict, args.max_runs
+                row_bytes, region, args.floor_bytes, share, ops, args.strict, args.max_runs, read_share=reads
             ).row()
             settings = (
                 ("none", base),

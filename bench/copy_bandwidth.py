@@ -147,14 +147,17 @@ def scattered(num_blocks: int, rows: int, count: int, rng: random.Random) -> lis
 
 
 def aged(
-    num_blocks: int, rows: int, count: int, rng: random.Random, *, row_bytes: int
+    num_blocks: int, rows: int, count: int, rng: random.Random, *, row_bytes: int, read_share: float = 0.0
 ) -> list[tuple[Extent, ...]]:
     """The tier's own table, full, aged by FIFO eviction with 5% of entries dropped out of order
-    (`bench/aging.py`), then the batch reserved through it with the product's run floor and cap."""
+    (`bench/aging.py`) and `read_share` of reservations after a load of a live entry (which queues it
+    again for eviction), then the batch reserved through it with the product's run floor and cap."""
     layout = Layout(hidden_dim=row_bytes // 2, dtype="bfloat16", num_blocks=num_blocks)
-    table = AgedTable(num_blocks, layout.blocks_for(MIN_RUN_BYTES), 0.05, rng, max_runs=MAX_ENTRY_RUNS)
+    table = AgedTable(
+        num_blocks, layout.blocks_for(MIN_RUN_BYTES), 0.05, rng, max_runs=MAX_ENTRY_RUNS, read_share=read_share
+    )
     table.age(20 * num_blocks // rows, sizes=lambda r: r.randint(max(1, rows // 4), 2 * rows))
-    table.drop_share = 0.0  # the batch's own entries must all stay
+    table.drop_share = table.read_share = 0.0  # the batch's own entries must all stay, in place
     batch = [table.put(rows) for _ in range(count)]
     blocks = [b for extents in batch for e in extents for b in range(e.start, e.end)]
     assert len(blocks) == len(set(blocks)) == rows * count, "the aged batch's entries overlap"

@@ -88,10 +88,13 @@ def cases(rng: random.Random) -> list[tuple[str, int, int, list[tuple[Extent, ..
         ("1 MiB of 7 KiB rows, aged", 3584, 146),
         ("8 MiB of 7 KiB rows, aged", 3584, 1170),
         ("16 MiB of 7 KiB rows, aged", 3584, 2340),
+        ("8 MiB of 7 KiB rows, aged, 25% reads", 3584, 1170),
+        ("16 MiB of 7 KiB rows, aged, 25% reads", 3584, 2340),
     ):
-        if name.endswith("aged"):  # the tier's table, full and aged, with its run floor
+        if "aged" in name:  # the tier's table, full and aged, with its run floor and cap
             blocks = int(BATCH * rows * 2.2) + 64
-            ext = aged(blocks, rows, BATCH, rng, row_bytes=width * 2)
+            reads = 0.25 if name.endswith("reads") else 0.0  # hits queue entries again (session 13)
+            ext = aged(blocks, rows, BATCH, rng, row_bytes=width * 2, read_share=reads)
         else:
             blocks = (BATCH + 8) * rows
             ext = scattered(blocks, rows, BATCH, rng)
