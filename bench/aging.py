@@ -203,10 +203,11 @@ def main(argv: list[str] | None = None) -> None:
         row_bytes = width * 2
         for share in shares:
             region, reads = args.region_mib * MiB, args.read_share
-            base = measure(row_bytes, region, 0, share, ops, args.strict, read_share=reads).row()
-            floor = measure(row_bytes, region, args.floor_bytes, share, ops, args.strict, read_share=reads).row()
+            floor_bytes, strict = args.floor_bytes, args.strict
+            base = measure(row_bytes, region, 0, share, ops, strict, read_share=reads).row()
+            floor = measure(row_bytes, region, floor_bytes, share, ops, strict, read_share=reads).row()
             capped = measure(
-                row_bytes, region, args.floor_bytes, share, ops, args.strict, args.max_runs, read_share=reads
+                row_bytes, region, floor_bytes, share, ops, strict, args.max_runs, read_share=reads
             ).row()
             settings = (
                 ("none", base),

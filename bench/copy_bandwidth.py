@@ -153,9 +153,8 @@ def aged(
     (`bench/aging.py`) and `read_share` of reservations after a load of a live entry (which queues it
     again for eviction), then the batch reserved through it with the product's run floor and cap."""
     layout = Layout(hidden_dim=row_bytes // 2, dtype="bfloat16", num_blocks=num_blocks)
-    table = AgedTable(
-        num_blocks, layout.blocks_for(MIN_RUN_BYTES), 0.05, rng, max_runs=MAX_ENTRY_RUNS, read_share=read_share
-    )
+    floor = layout.blocks_for(MIN_RUN_BYTES)
+    table = AgedTable(num_blocks, floor, 0.05, rng, max_runs=MAX_ENTRY_RUNS, read_share=read_share)
     table.age(20 * num_blocks // rows, sizes=lambda r: r.randint(max(1, rows // 4), 2 * rows))
     table.drop_share = table.read_share = 0.0  # the batch's own entries must all stay, in place
     batch = [table.put(rows) for _ in range(count)]
