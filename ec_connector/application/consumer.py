@@ -281,6 +281,7 @@ class ConsumerFetcher:
         self._agents[address] = agent
         if old is not None and old not in self._agents.values():
             self._transport.remove_peer(old)
+            self.stats.agents_replaced += 1
             log.info("peer_agent_replaced", peer=f"{address.host}:{address.port}", old=old, new=agent)
 
     def _progress(self, key: str, fetch: _Fetch, now: float) -> None:

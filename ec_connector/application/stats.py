@@ -93,6 +93,7 @@ class PeerStats:
     nack_internal: int = 0
     ack_timeouts: int = 0
     peers_lost: int = 0
+    agents_replaced: int = 0
     reads_done: int = 0
     reads_failed: int = 0
     read_timeouts: int = 0

@@ -285,6 +285,7 @@ def test_restarted_producer_is_read_with_the_agent_its_ack_carries_and_the_old_a
     assert pair.consumer.step([("b", 4)]).loaded["b"] == encoder_output("b", 4)
     consumer_transport = pair.fetcher._transport
     assert consumer_transport.peers == {agent: pair.desk._agent_metadata}, "the old agent is gone"
+    assert pair.consumer_stats.agents_replaced == (agent != "prod")
 
 
 def test_a_read_still_pending_from_a_replaced_agent_fails_and_its_blocks_are_quarantined():

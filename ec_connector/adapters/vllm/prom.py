@@ -62,6 +62,8 @@ COUNTERS: tuple[tuple[str, str, str | None, dict[str | None, str]], ...] = (
      {None: "peer_read_timeouts"}),
     ("vllm:ec_peer_lost", "Fetches dropped because the producer's control connection was lost.", None,
      {None: "peer_peers_lost"}),
+    ("vllm:ec_peer_agents_replaced", "Producer agents a consumer replaced: a producer acked with a new "
+     "agent (it restarted), and the old one was removed.", None, {None: "peer_agents_replaced"}),
     ("vllm:ec_peer_fallbacks", "Items a consumer gave up fetching and left to local encoding.", None,
      {None: "peer_fallbacks"}),
     ("vllm:ec_peer_unavailable_requests", "Requests failed through take_unavailable_requests (media gone, "
