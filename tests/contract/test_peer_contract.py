@@ -327,6 +327,14 @@ def test_bad_runs_are_a_value_error_and_nothing_is_read(world: World, prod: Any,
     assert world.local_bytes() == bytes([SENTINEL]) * LAYOUT.data_bytes
 
 
+def read_ok(world: World, peer: str, runs: list[tuple[int, int]], *, seed: int) -> None:
+    """One READ of `runs` from `peer` into the same local runs: DONE, with the bytes of pattern(seed)."""
+    handle = world.consumer.start_read(peer, runs, runs)
+    assert wait(world.consumer, handle)[0] is ReadState.DONE
+    assert gathered(world.local_bytes(), runs) == expected(pattern(seed), runs)
+    world.consumer.release(handle)
+
+
 def test_killed_producer_fails_reads_and_its_restart_is_read_once_added(world: World) -> None:
     """A restarted producer comes back under a new agent name (the container names each start
     anew); the consumer removes the dead agent and adds the new one, as ConsumerFetcher does."""
@@ -334,9 +342,7 @@ def test_killed_producer_fails_reads_and_its_restart_is_read_once_added(world: W
     first = world.start_producer(name, seed=2)
     world.consumer.add_peer(name, first.metadata)
     runs = [(0, 64 * B)]
-    handle = world.consumer.start_read(name, runs, runs)
-    assert wait(world.consumer, handle)[0] is ReadState.DONE
-    world.consumer.release(handle)
+    read_ok(world, name, runs, seed=2)
 
     in_flight = world.consumer.start_read(name, runs, runs)
     first.kill()
@@ -356,10 +362,7 @@ def test_killed_producer_fails_reads_and_its_restart_is_read_once_added(world: W
     world.consumer.remove_peer(name)
     world.consumer.add_peer(second.name, second.metadata)
     world.clear()
-    handle = world.consumer.start_read(second.name, runs, runs)
-    assert wait(world.consumer, handle)[0] is ReadState.DONE
-    assert gathered(world.local_bytes(), runs) == expected(pattern(3), runs)
-    world.consumer.release(handle)
+    read_ok(world, second.name, runs, seed=3)
     with pytest.raises(ConnectionError):
         world.consumer.start_read(name, runs, runs)
 
@@ -371,18 +374,13 @@ def test_new_metadata_under_a_known_name_replaces_the_agent(world: World) -> Non
     first = world.start_producer(name, seed=2)
     world.consumer.add_peer(name, first.metadata)
     runs = [(0, 64 * B)]
-    handle = world.consumer.start_read(name, runs, runs)
-    assert wait(world.consumer, handle)[0] is ReadState.DONE
-    world.consumer.release(handle)
+    read_ok(world, name, runs, seed=2)
     first.stop()
     second = world.start_producer(name, seed=3)
     assert second.metadata != first.metadata
     world.consumer.add_peer(name, second.metadata)
     world.clear()
-    handle = world.consumer.start_read(name, runs, runs)
-    assert wait(world.consumer, handle)[0] is ReadState.DONE
-    assert gathered(world.local_bytes(), runs) == expected(pattern(3), runs)
-    world.consumer.release(handle)
+    read_ok(world, name, runs, seed=3)
 
 
 def test_a_removed_peer_is_refused_until_added_again(world: World, prod: Any) -> None:
@@ -397,7 +395,4 @@ def test_a_removed_peer_is_refused_until_added_again(world: World, prod: Any) ->
     world.consumer.remove_peer("never-added")
     world.consumer.add_peer(prod.name, prod.metadata)
     world.clear()
-    handle = world.consumer.start_read(prod.name, runs, runs)
-    assert wait(world.consumer, handle)[0] is ReadState.DONE
-    assert gathered(world.local_bytes(), runs) == expected(pattern(1), runs)
-    world.consumer.release(handle)
+    read_ok(world, prod.name, runs, seed=1)
