@@ -5,7 +5,11 @@ copies, which vary 30-100% run to run. Here every case is 20 warm-up calls and t
 calls of each kind (save and load in turn), each on an idle device, inside `torch.inference_mode()` as
 vLLM's model runner calls the connector; it prints median, p10 and p90, and the cost of the pieces
 that do not depend on our code (the driver's batched copy submission and torch's `split` into
-per-entry views) measured alongside.
+per-entry views) measured alongside. Each case's own driver call is timed too, in turn with the
+copier's calls: the very `cudaMemcpyBatchAsync` calls (same copies) the copier hands the driver for
+that batch's save and load, made alone ("driver"; batches with kernel runs have none). The step
+thread's call less that one is our code's part of the launch, which the host's drift over minutes
+moves far less than the whole (the driver's part varied 2-3x between instances in sessions 11-13).
 Every case's bytes are verified once. Each case is also timed through `TierWorker` as vLLM's step
 thread drives it (bind the step's plan, `save` per item then `flush`; or `start_loads`), which adds
 the per-item checks and the bookkeeping around the copier. Saves are timed twice, in turn: with the
@@ -24,6 +28,7 @@ session 12).
 from __future__ import annotations
 
 import argparse
+import ctypes
 import json
 import random
 import statistics
@@ -40,7 +45,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.copy_bandwidth import aged, scattered  # noqa: E402
 from ec_connector.adapters.memory import MemoryRegion  # noqa: E402
 from ec_connector.adapters.torch_copy import TorchCopier  # noqa: E402
-from ec_connector.adapters.torch_copy.batchplan import BatchPlanner  # noqa: E402
+from ec_connector.adapters.torch_copy.batchplan import BatchPlan, BatchPlanner  # noqa: E402
 from ec_connector.adapters.torch_copy.copier import DMA_MIN_BYTES  # noqa: E402
 from ec_connector.adapters.torch_copy.cuda import FEW_RUNS, MIXED_MIN_RUNS  # noqa: E402
 from ec_connector.application.worker import TierWorker  # noqa: E402
@@ -200,20 +205,62 @@ def measure(
 
         return host_time(launch, settle_worker)
 
+    from ec_connector.adapters.torch_copy.cudart import runtime
+
+    rt = runtime()
+    driver_stream = torch.cuda.Stream()
+    out = torch.empty((rows * len(extents), width), dtype=torch.bfloat16, device="cuda")
+
+    def driver_call(plan: BatchPlan, *, load: bool) -> Callable[[], float] | None:
+        """The driver's own calls for a planned batch: `memcpy_batch` of its columns, as the CUDA
+        engine makes them (None when the batch has kernel runs)."""
+        if plan.kernel:
+            return None
+        n = plan.dma
+        columns = [
+            np.ctypeslib.as_array((ctypes.c_int64 * n).from_address(a)).copy()
+            for a in (plan.dma_dst, plan.dma_src, plan.dma_size)
+        ]
+        dst, src, size = (int(c.ctypes.data) for c in columns)
+        stream = driver_stream.cuda_stream
+
+        def call() -> float:
+            assert len(columns) == 3  # the columns live as long as this call
+
+            def submit() -> None:
+                rt.memcpy_batch(dst, src, size, n, stream, source_settled=load)
+
+            return host_time(submit, lambda: None)
+
+        return call
+
+    planner = copier._engine._planner  # type: ignore[union-attr]  # the CUDA engine's own planner
+    same = [PlannedCopy(next(tickets), "k", e, rows) for e in extents]
+    load_driver = driver_call(planner.load(same, out.data_ptr()), load=True)
+    pointers, offsets = [p.data_ptr() for p in payloads], [p.storage_offset() for p in payloads]
+    save_driver = driver_call(planner.save(same, pointers, offsets, payloads[0].element_size()), load=False)
     result: dict = {"case": name, "runs": sum(map(len, extents)), "entries": len(extents)}
     # Save and load in turn, call by call (the GPU machine's host load drifts over seconds, and
     # timing each in a block of its own let that drift pass for a difference between them); the
     # copier's own calls first, then the worker's: once the worker has started its watcher thread,
     # that thread polls the copier under the worker's lock, which the copier's own calls here do not
     # take (the copier is not thread-safe; in the connector only the worker calls it).
-    for pair in (
-        {"save": save, "save_inline": lambda: save(inline), "load": load},
-        {
-            "worker_save": worker_save,
-            "worker_save_inline": lambda: worker_save(inline_worker),
-            "worker_load": worker_load,
-        },
-    ):
+    copier_calls: dict[str, Callable[[], float]] = {
+        "save": save,
+        "save_inline": lambda: save(inline),
+        "load": load,
+    }
+    worker_calls: dict[str, Callable[[], float]] = {
+        "worker_save": worker_save,
+        "worker_save_inline": lambda: worker_save(inline_worker),
+        "worker_load": worker_load,
+    }
+    for prefix, calls in (("", copier_calls), ("worker_", worker_calls)):  # the driver's, in turn with each
+        if load_driver is not None:
+            calls[f"{prefix}load_driver"] = load_driver
+        if save_driver is not None:
+            calls[f"{prefix}save_driver"] = save_driver
+    for pair in (copier_calls, worker_calls):
         for call in pair.values():
             for _ in range(20):
                 call()
@@ -375,6 +422,27 @@ def print_case(r: dict) -> None:
         f"  plan {r['plan_us']:6.1f} us  bytes {'ok' if r['bytes_ok'] else 'WRONG'}",
     )
     line(f"{'  through TierWorker (bind, save x32, flush / start_loads)':58s} ", "worker_", "")
+    parts = [
+        f"{call} less it {ours_us(r, call, driver):6.1f} us (driver {r[driver]['median_us']:.1f})"
+        for call, driver in OURS
+        if driver in r
+    ]
+    if parts:
+        print(f"{'  our part (the driver call alone, same copies, in turn)':58s} " + "  ".join(parts))
+
+
+# (the step thread's call, the driver call it makes for the same copies, timed in turn with it)
+OURS = (
+    ("save_inline", "save_driver"),
+    ("load", "load_driver"),
+    ("worker_save_inline", "worker_save_driver"),
+    ("worker_load", "worker_load_driver"),
+)
+
+
+def ours_us(r: dict, call: str, driver: str) -> float:
+    """Median host µs of the step thread's call less the median of the driver call it makes."""
+    return float(r[call]["median_us"] - r[driver]["median_us"])
 
 
 def print_best(passes: list[list[dict]]) -> None:
@@ -388,6 +456,17 @@ def print_best(passes: list[list[dict]]) -> None:
         for call in calls:
             medians = [rows[i][call]["median_us"] for rows in passes]
             cells.append(f"{min(medians):9.1f} ({max(medians):6.1f})")
+        print(f"{first['case']:36s} {first['runs']:5d}  " + "  ".join(cells), flush=True)
+    print("# our part of the step thread's call: the call less the driver's own, per pass: lowest (highest)")
+    print(f"{'case':36s} {'runs':>5s}  " + "  ".join(f"{c + ' - driver':>28s}" for c, _ in OURS))
+    for i, first in enumerate(passes[0]):
+        cells = []
+        for call, driver in OURS:
+            if driver not in first:
+                cells.append(f"{'(kernel runs)':>28s}")
+                continue
+            ours = [ours_us(rows[i], call, driver) for rows in passes]
+            cells.append(f"{min(ours):19.1f} ({max(ours):6.1f})")
         print(f"{first['case']:36s} {first['runs']:5d}  " + "  ".join(cells), flush=True)
 
 
