@@ -279,7 +279,7 @@ class ConsumerFetcher:
         if old == agent:
             return
         self._agents[address] = agent
-        if old is not None and old not in self._agents.values():
+        if old is not None:
             self._transport.remove_peer(old)
             self.stats.agents_replaced += 1
             log.info("peer_agent_replaced", peer=f"{address.host}:{address.port}", old=old, new=agent)
