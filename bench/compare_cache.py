@@ -149,11 +149,11 @@ class OursSide:
 
     name = "ours"
 
-    def __init__(self, num_blocks: int) -> None:
+    def __init__(self, num_blocks: int, max_runs: int = MAX_ENTRY_RUNS) -> None:
         # with the shipped run floor and cap (ec_min_run_bytes', ec_max_entry_runs' defaults), as
         # the scheduler builds it
         layout = Layout(hidden_dim=ROW_BYTES // 2, dtype="bfloat16", num_blocks=num_blocks)
-        self.table = EntryTable(num_blocks, min_run=layout.blocks_for(MIN_RUN_BYTES), max_runs=MAX_ENTRY_RUNS)
+        self.table = EntryTable(num_blocks, min_run=layout.blocks_for(MIN_RUN_BYTES), max_runs=max_runs)
         self.phase_of = self.table.phase_of
         self.lock = threading.RLock()
         self.now = 0.0
@@ -371,6 +371,7 @@ def run(
     live: int = 256,
     reps: int | None = None,
     seed: int = 8,
+    max_runs: int = MAX_ENTRY_RUNS,
     full_vllm_import: bool = False,
     progress: Progress = None,
 ) -> dict:
@@ -388,7 +389,7 @@ def run(
     warm = steps // 10  # the region fills in the first steps; per-step figures skip them
 
     makers: dict[str, Callable[[], OursSide | BaselineSide]] = {
-        "ours": lambda: OursSide(num_blocks),
+        "ours": lambda: OursSide(num_blocks, max_runs),
         "vllm": lambda: BaselineSide(num_blocks, cache_cls),
     }
     say(f"trace: {steps} steps, {live} live requests, region {region_gib:g} GiB = {num_blocks} blocks")
@@ -646,6 +647,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--live", type=int, default=256, help="live requests (default 256)")
     ap.add_argument("--reps", type=int, default=None)
     ap.add_argument("--seed", type=int, default=8)
+    ap.add_argument(
+        "--max-runs",
+        type=int,
+        default=MAX_ENTRY_RUNS,
+        help=f"our table's run cap (ec_max_entry_runs; default {MAX_ENTRY_RUNS}, 0: none)",
+    )
     ap.add_argument("--full-vllm-import", action="store_true", help="import vllm's packages normally (slow)")
     ap.add_argument("--json", metavar="PATH", help="write the figures as JSON")
     ap.add_argument("--plot", metavar="PATH", help="write a PNG (needs matplotlib: requirements/bench.txt)")
@@ -657,6 +664,7 @@ def main(argv: list[str] | None = None) -> int:
         live=args.live,
         reps=args.reps,
         seed=args.seed,
+        max_runs=args.max_runs,
         full_vllm_import=args.full_vllm_import,
         progress=lambda m: print(m, file=sys.stderr, flush=True),
     )
