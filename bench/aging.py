@@ -199,11 +199,11 @@ def main(argv: list[str] | None = None) -> None:
         f"{'occupancy':>9} | {'for runs':>8} | {'reserve us p50':>14} {'p99':>5} | "
         f"{'runs/e ratio':>12} {'occupancy ratio':>15} {'reserve p50 ratio':>17}"
     )
+    region, reads = args.region_mib * MiB, args.read_share
+    floor_bytes, strict = args.floor_bytes, args.strict
     for width in widths:
         row_bytes = width * 2
         for share in shares:
-            region, reads = args.region_mib * MiB, args.read_share
-            floor_bytes, strict = args.floor_bytes, args.strict
             base = measure(row_bytes, region, 0, share, ops, strict, read_share=reads).row()
             floor = measure(row_bytes, region, floor_bytes, share, ops, strict, read_share=reads).row()
             capped = measure(
