@@ -22,6 +22,7 @@ session 12).
     python bench/copy_host_launch.py              # needs CUDA
     python bench/copy_host_launch.py --iters 500 --json host.json
     python bench/copy_host_launch.py --passes 3   # and the lowest of three medians per case
+    python bench/copy_host_launch.py --only aged --only "1 run"   # only the cases so named
     python bench/copy_host_launch.py --dma-min-bytes none   # every run through the copy kernel
 """
 
@@ -368,6 +369,12 @@ def main(argv: list[str] | None = None) -> None:
         default=str(DMA_MIN_BYTES),
         help=f"the copier's dma_min_bytes (default {DMA_MIN_BYTES}; 'none': every run to the kernel)",
     )
+    parser.add_argument(
+        "--only",
+        action="append",
+        default=None,
+        help="time only the cases whose name contains this text (repeatable)",
+    )
     args = parser.parse_args(argv)
     dma_min = None if args.dma_min_bytes.lower() == "none" else int(args.dma_min_bytes)
     if not torch.cuda.is_available():
@@ -383,6 +390,10 @@ def main(argv: list[str] | None = None) -> None:
     floors: dict[str, float] = {}
     with torch.inference_mode():
         layouts = cases(random.Random(1))  # aged once: every pass times the same batches
+        if args.only:
+            layouts = [case for case in layouts if any(text in case[0] for text in args.only)]
+            if not layouts:
+                sys.exit(f"no case name contains any of {args.only}")
         for k in range(args.passes):
             if args.passes > 1:
                 print(f"# pass {k + 1} of {args.passes}", flush=True)

@@ -11,12 +11,14 @@
  */
 #include <stdint.h>
 
+#include "queue.h"
+
 /* io[] slots: inputs the caller sets, then outputs written here (names mirrored in batchplan.py) */
 enum {
     IN_COPIES, IN_RUNS, IN_CAPACITY, IN_NUM_BLOCKS, IN_ROW_BYTES, IN_HOST, IN_DENSE,
     IN_ITEM_BYTES, IN_BIG_ROWS, IN_FEW_RUNS, IN_MIXED_MIN_RUNS, IN_BASE_ALIGN, IN_SAVE, IN_FEW_SHORT,
     OUT_BAD_COPY, OUT_TOTAL_ROWS, OUT_DMA, OUT_KERNEL, OUT_KERNEL_ROWS, OUT_WORD, OUT_VEC,
-    OUT_DELTA, IO_SLOTS = 32
+    OUT_DELTA, OUT_QUEUED, OUT_CALL, OUT_CUDA_ERROR, IO_SLOTS = 32
 };
 
 /* the workspace: SECTIONS int64 columns of IN_CAPACITY values each, in this order; the joined runs
@@ -196,5 +198,45 @@ int64_t ec_plan_batch(int64_t *restrict io, int64_t *restrict ws, const int64_t 
         }
     }
     io[OUT_DELTA] = any_delta;
+    return OK;
+}
+
+/* Plan one batch (as ec_plan_batch) and, when it goes wholly to the copy engines, queue it at once:
+ * record `fence` on the caller's stream, then on the copy stream `stream` wait for it, record
+ * `start`, make the copies (with the batch attributes at `attrs`) and record `end`; with `join`, the
+ * caller's stream then waits for `end` (a load: what the caller queues next sees the bytes). One
+ * call for what took the step thread a plan and six runtime calls from Python. OUT_QUEUED says
+ * whether it queued (a batch with kernel runs is only planned: the kernel is launched from
+ * Python); a failing CUDA call leaves its EC_CALL_* in OUT_CALL and its error in OUT_CUDA_ERROR,
+ * and the calls after it are not made. Returns what ec_plan_batch returns. */
+int64_t ec_plan_queue(int64_t *restrict io, int64_t *restrict ws, const int64_t *restrict packed,
+                      const int64_t *restrict rows, const int64_t *restrict counts,
+                      const int64_t *restrict pointers, const int64_t *restrict offsets,
+                      const ec_driver_t *driver, int64_t caller, int64_t stream, int64_t fence,
+                      int64_t start, int64_t end, int64_t attrs, int64_t join) {
+    io[OUT_QUEUED] = 0;
+    io[OUT_CALL] = 0;
+    io[OUT_CUDA_ERROR] = 0;
+    const int64_t status = ec_plan_batch(io, ws, packed, rows, counts, pointers, offsets);
+    if (status != OK || io[OUT_KERNEL]) return status;
+    io[OUT_QUEUED] = 1;
+    const ec_record_fn record = (ec_record_fn)(intptr_t)driver->record;
+    void *on = (void *)(intptr_t)stream, *from = (void *)(intptr_t)caller;
+    void *fired = (void *)(intptr_t)end;
+    const int64_t cap = io[IN_CAPACITY];
+    int64_t call = EC_CALL_FENCE;
+    int err = record((void *)(intptr_t)fence, from);
+    if (!err)
+        err = ec_queue_copies(driver, on, (void *)(intptr_t)fence, (void *)(intptr_t)start, fired,
+                              ws + W_DMA_DST * cap, ws + W_DMA_SRC * cap, ws + W_DMA_SIZE * cap,
+                              io[OUT_DMA], (void *)(intptr_t)attrs, &call);
+    if (!err && join) {
+        call = EC_CALL_JOIN;
+        err = ((ec_wait_fn)(intptr_t)driver->wait)(from, fired, 0);
+    }
+    if (err) {
+        io[OUT_CALL] = call;
+        io[OUT_CUDA_ERROR] = err;
+    }
     return OK;
 }

@@ -13,10 +13,12 @@ from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 
 from ec_connector.adapters.torch_copy import native
+from ec_connector.adapters.torch_copy.native import QUEUE_CALLS
 from ec_connector.adapters.torch_copy.plan import raise_for_extents
 from ec_connector.domain.transfers import PlannedCopy
 
@@ -46,10 +48,35 @@ SOURCE = Path(__file__).with_name("batchplan.c")
     OUT_WORD,
     OUT_VEC,
     OUT_DELTA,
-) = range(22)
+    OUT_QUEUED,
+    OUT_CALL,
+    OUT_CUDA_ERROR,
+) = range(25)
 _OK, _BAD_CAPACITY = 0, 3
 _SECTION_DMA_DST, _SECTION_DMA_SRC, _SECTION_DMA_SIZE, _SECTION_TABLE = range(4)
 _vp = ctypes.c_void_p
+
+
+class Queue(NamedTuple):
+    """Where `BatchPlanner.load_queued`/`save_queued` queue a batch that goes wholly to the copy
+    engines (queue.h): `fence` is recorded on the `caller` stream, and on the copy `stream` the wait
+    for it, `start`, the copies and `end`; a load's caller stream then waits for `end`."""
+
+    caller: int
+    stream: int
+    fence: int
+    start: int
+    end: int
+
+
+class QueueFailed(Exception):
+    """A CUDA call of a queued batch failed: `call` names it, `code` is the CUDA error; the calls
+    after it were not made."""
+
+    def __init__(self, call: str, code: int) -> None:
+        super().__init__(f"{call} failed with CUDA error {code}")
+        self.call = call
+        self.code = code
 
 
 @dataclass(slots=True)
@@ -86,6 +113,8 @@ class BatchPlanner:
     `few_short`/`short_per_copy`: so do batches with long runs and at most `few_short` short ones, or
     `short_per_copy` short ones per copy of the batch where that is more;
     `base_align`: OR of the row size and the region's device address.
+    `driver`: address of queue.h's `ec_driver_t` (`CudaRuntime.driver_table`) and the batch
+    attributes of loads and saves (`CudaRuntime.batch_attrs`), for `load_queued`/`save_queued`.
     """
 
     def __init__(
@@ -101,9 +130,12 @@ class BatchPlanner:
         few_runs_save: int | None = None,
         few_short: int = 0,
         short_per_copy: int = 0,
+        driver: tuple[int, int, int] | None = None,
     ) -> None:
         lib = library()
         self._plan = lib.ec_plan_batch
+        self._plan_queue = lib.ec_plan_queue
+        self._driver, self._load_attrs, self._save_attrs = driver or (0, 0, 0)
         self._access = lib.ec_plan_access
         self._access_out = np.zeros(2, dtype=np.int64)
         self._sections = int(lib.ec_plan_sections())
@@ -139,21 +171,50 @@ class BatchPlanner:
     ) -> BatchPlan:
         """Plan copying payload i (its first row at `pointers[i]`, `offsets[i]` elements of
         `item_bytes` into its storage) into copy i's extents. LayoutMismatch names a bad copy."""
+        plan = self.save_queued(copies, pointers, offsets, item_bytes, None)
+        assert plan is not None
+        return plan
+
+    def load(self, copies: Sequence[PlannedCopy], dense: int) -> BatchPlan:
+        """Plan copying each copy's extents to rows back to back from address `dense`."""
+        plan = self.load_queued(copies, dense, None)
+        assert plan is not None
+        return plan
+
+    def save_queued(
+        self,
+        copies: Sequence[PlannedCopy],
+        pointers: list[int],
+        offsets: list[int],
+        item_bytes: int,
+        queue: Queue | None,
+    ) -> BatchPlan | None:
+        """`save`, and a batch wholly on the copy engines queued at once on `queue` (None then)."""
         io = self._io
         io[IN_SAVE] = 1
         io[IN_FEW_RUNS] = self._few_runs_save
         io[IN_ITEM_BYTES] = item_bytes
-        return self._run(copies, array("q", pointers), array("q", offsets))
+        return self._run(copies, array("q", pointers), array("q", offsets), queue, self._save_attrs, 0)
 
-    def load(self, copies: Sequence[PlannedCopy], dense: int) -> BatchPlan:
-        """Plan copying each copy's extents to rows back to back from address `dense`."""
+    def load_queued(self, copies: Sequence[PlannedCopy], dense: int, queue: Queue | None) -> BatchPlan | None:
+        """`load`, and a batch wholly on the copy engines queued at once on `queue`, the caller's
+        stream waiting for its end (None then). QueueFailed when a CUDA call fails."""
         io = self._io
         io[IN_SAVE] = 0
         io[IN_FEW_RUNS] = self._few_runs_load
         io[IN_DENSE] = dense
-        return self._run(copies, None, None)
+        return self._run(copies, None, None, queue, self._load_attrs, 1)
 
-    def _run(self, copies: Sequence[PlannedCopy], pointers: array | None, offsets: array | None) -> BatchPlan:
+    def _run(
+        self,
+        copies: Sequence[PlannedCopy],
+        pointers: array | None,
+        offsets: array | None,
+        queue: Queue | None,
+        attrs: int,
+        join: int,
+    ) -> BatchPlan | None:
+        """Plan (and with `queue`, queue a batch wholly on the copy engines: None then)."""
         packs = [c.packed for c in copies]
         packed = b"".join(packs)
         n_runs = len(packed) >> 4
@@ -165,7 +226,7 @@ class BatchPlanner:
         io[IN_COPIES] = len(copies)
         io[IN_FEW_SHORT] = max(self._few_short, self._short_per_copy * len(copies))
         io[IN_RUNS] = n_runs
-        err = self._plan(
+        columns = (
             self._io_address,
             self._workspace_address,
             packed,
@@ -174,10 +235,21 @@ class BatchPlanner:
             None if pointers is None else pointers.buffer_info()[0],
             None if offsets is None else offsets.buffer_info()[0],
         )
+        if queue is None:
+            err = self._plan(*columns)
+        else:
+            if not self._driver:
+                raise ValueError("this BatchPlanner was built without a driver table; it cannot queue")
+            err = self._plan_queue(*columns, self._driver, *queue, attrs, join)
         if err != _OK:
             if err == _BAD_CAPACITY:  # pragma: no cover - grown above
                 raise AssertionError("the batch planner's workspace was not grown")
             raise_for_extents(copies, self._num_blocks)
+        if queue is not None and io[OUT_QUEUED]:
+            if io[OUT_CUDA_ERROR]:
+                call = QUEUE_CALLS.get(int(io[OUT_CALL]), f"call {int(io[OUT_CALL])}")
+                raise QueueFailed(call, int(io[OUT_CUDA_ERROR]))
+            return None
         total, dma, kernel, kernel_rows, word, vec, delta = io[OUT_TOTAL_ROWS : OUT_DELTA + 1].tolist()
         at = self._workspace_address
         step = self._capacity * 8
@@ -223,6 +295,9 @@ def library() -> ctypes.CDLL:
             lib = ctypes.PyDLL(str(native.build(SOURCE, "the batch planner")))
             lib.ec_plan_batch.argtypes = [_vp, _vp, ctypes.c_char_p, _vp, _vp, _vp, _vp]
             lib.ec_plan_batch.restype = ctypes.c_int64
+            i64 = ctypes.c_int64
+            lib.ec_plan_queue.argtypes = [_vp, _vp, ctypes.c_char_p, _vp, _vp, _vp, _vp, _vp, *[i64] * 7]
+            lib.ec_plan_queue.restype = i64
             lib.ec_plan_access.argtypes = [ctypes.c_int64, _vp]
             lib.ec_plan_access.restype = None
             for name in ("ec_plan_sections", "ec_plan_io_slots", "ec_plan_inline_runs"):

@@ -3,8 +3,11 @@
     caller stream --fence--> copy stream: start event, [run table upload, copy kernel for the short
     runs], [one batched cudaMemcpyAsync of the long runs], end event
 
-With the save launcher on (`launcher`), a save that goes wholly to the copy engines is handed,
-planned, to launcher.c: the step thread records the fence and returns, and the launcher's native
+A batch that goes wholly to the copy engines is planned and queued in one native call
+(`BatchPlanner.load_queued`/`save_queued`, batchplan.c with queue.h): the fence, the stream
+operations and the copies cost the step thread one ctypes call instead of a plan and six runtime
+calls from Python. With the save launcher on (`launcher`), such a save is handed, planned, to
+launcher.c instead: the step thread records the fence and returns, and the launcher's native
 thread queues the rest on a copy stream of its own (the driver's ~1 µs per copy off the step
 thread). Loads, and saves with kernel runs (the Triton launch is Python), are queued by the calling
 thread.
@@ -25,11 +28,12 @@ from __future__ import annotations
 import ctypes
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import NoReturn
 
 import torch
 
 from ec_connector.adapters.torch_copy import hostmem
-from ec_connector.adapters.torch_copy.batchplan import BatchPlan, BatchPlanner
+from ec_connector.adapters.torch_copy.batchplan import BatchPlan, BatchPlanner, Queue, QueueFailed
 from ec_connector.adapters.torch_copy.cpu import release_view
 from ec_connector.adapters.torch_copy.cudart import runtime
 from ec_connector.adapters.torch_copy.launcher import SaveLauncher
@@ -156,6 +160,11 @@ class CudaEngine:
             few_short=FEW_SHORT,
             short_per_copy=SHORT_PER_COPY,
             base_align=self._base_align,
+            driver=(
+                int(self._rt.driver_table().ctypes.data),
+                self._rt.batch_attrs(source_settled=True),
+                self._rt.batch_attrs(source_settled=False),
+            ),
         )
         if self._planner.inline_runs != kernels.INLINE_RUNS:  # pragma: no cover - a build mismatch
             raise RegionError(
@@ -194,32 +203,65 @@ class CudaEngine:
     def save(self, copies: Sequence[PlannedCopy], sources: list[torch.Tensor]) -> None:
         """`sources`: contiguous payloads, one per copy (the copier validated them)."""
         caller = torch._C._cuda_getCurrentRawStream(self._index)
-        plan = self._planner.save(
-            copies,
-            list(map(_data_ptr, sources)),
-            list(map(_storage_offset, sources)),
-            sources[0].element_size(),
-        )
-        if plan.kernel == 0 and self._launch_saves:
-            self._hand_over(plan, copies, caller, sources)
+        pointers, offsets = list(map(_data_ptr, sources)), list(map(_storage_offset, sources))
+        item = sources[0].element_size()
+        if self._launch_saves:
+            plan = self._planner.save(copies, pointers, offsets, item)
+            if plan.kernel == 0:
+                self._hand_over(plan, copies, caller, sources)
+                return
+            self._submit(
+                "save", plan, copies, caller, self._next(self._save_streams), sources, self._take_events()
+            )
             return
         stream = self._next(self._save_streams)
-        self._submit("save", plan, copies, caller, stream, sources)
+        start, end = events = self._take_events()
+        queue = Queue(caller, stream.cuda_stream, self._fence, start, end)
+        try:
+            queued = self._planner.save_queued(copies, pointers, offsets, item, queue)
+        except BaseException as err:
+            self._unplanned(events, err, "save")
+        if queued is None:  # planned and queued in one native call
+            nbytes = sum(c.rows for c in copies) * self._row_bytes
+            self._pending.append(
+                _Batch("save", [c.ticket for c in copies], nbytes, start, end, None, tuple(sources))
+            )
+            return
+        self._submit("save", queued, copies, caller, stream, sources, events)
 
     def load(self, copies: Sequence[PlannedCopy]) -> tuple[torch.Tensor, ...]:
         caller = torch._C._cuda_getCurrentRawStream(self._index)
         rows = [c.rows for c in copies]
-        out = torch.empty((sum(rows), self._width), dtype=self._dtype, device=self._device)
-        plan = self._planner.load(copies, out.data_ptr())
+        total = sum(rows)
+        out = torch.empty((total, self._width), dtype=self._dtype, device=self._device)
         stream = self._next(self._load_streams)
-        end = self._submit("load", plan, copies, caller, stream, [out])
-        # No record_stream: `out` belongs to the caller's stream, which waits here for the end event,
-        # so whatever reuses its memory after it is freed is queued behind the copy.
-        self._rt.wait(caller, end)
+        start, end = events = self._take_events()
+        queue = Queue(caller, stream.cuda_stream, self._fence, start, end)
+        try:
+            plan = self._planner.load_queued(copies, out.data_ptr(), queue)
+        except BaseException as err:
+            self._unplanned(events, err, "load")
+        if plan is None:  # planned, queued and joined to the caller's stream in one native call
+            self._pending.append(
+                _Batch("load", [c.ticket for c in copies], total * self._row_bytes, start, end, None, ())
+            )
+        else:
+            self._submit("load", plan, copies, caller, stream, [out], events)
+            self._rt.wait(caller, end)
+        # No record_stream: `out` belongs to the caller's stream, which waits for the end event, so
+        # whatever reuses its memory after it is freed is queued behind the copy.
         # One op for the per-entry views: on the H200 host (torch 2.11, session 9) 32 views took
         # 20-33 µs this way, 23-35 through `split` (a Python wrapper over it) and 26-42 through
         # view + unbind, equal entries or not.
         return out.split_with_sizes(rows)
+
+    def _unplanned(self, events: tuple[int, int], err: BaseException, direction: str) -> NoReturn:
+        """A batch's planning or queueing failed: its events go back to the pool, and a failed CUDA
+        call raises as the runtime's own calls do (the calls after it were not made)."""
+        self._events.append(events)
+        if isinstance(err, QueueFailed):
+            self._rt.check(err.code, f"{err.call} of a {direction} batch")
+        raise err
 
     # -- completion ------------------------------------------------------------------------------
 
@@ -300,8 +342,11 @@ class CudaEngine:
         caller: int,
         stream_obj: torch.cuda.Stream,
         dense: list[torch.Tensor],
-    ) -> int:
-        """Queue the planned batch on `stream_obj`; returns its end event.
+        events: tuple[int, int],
+    ) -> None:
+        """Queue a planned batch with kernel runs on `stream_obj`, between the `events` (start, end)
+        from the pool (the planner queues the other batches in its own native call, the save
+        launcher those it takes).
 
         `dense`: one tensor per copy (saves, kept alive until the end event) or one for the whole
         batch (loads, the caller's); the plan's addresses are into them.
@@ -313,7 +358,7 @@ class CudaEngine:
             slot, fire = self._kernel_launch(plan, dense[0], save)
 
         rt = self._rt
-        start, end = self._take_events()
+        start, end = events
         stream = stream_obj.cuda_stream
         side = self._side[stream] if plan.dma and fire is not None else None
         rt.record(self._fence, caller)
@@ -339,7 +384,6 @@ class CudaEngine:
         self._pending.append(
             _Batch(direction, tickets, plan.total_rows * self._row_bytes, start, end, slot, keep)
         )
-        return end
 
     def _hand_over(
         self, plan: BatchPlan, copies: Sequence[PlannedCopy], caller: int, sources: list[torch.Tensor]

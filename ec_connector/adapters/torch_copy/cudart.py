@@ -113,6 +113,7 @@ class CudaRuntime:
         lib.cudaRuntimeGetVersion(ctypes.byref(version))
         self.version = version.value
         self._batch = None
+        self._driver_table: np.ndarray | None = None
         if self.version >= 12080 and hasattr(lib, "cudaMemcpyBatchAsync"):
             batch = held.cudaMemcpyBatchAsync
             fail = [] if self.version >= 13000 else [_vp]  # CUDA 13 dropped the failIdx argument
@@ -143,21 +144,44 @@ class CudaRuntime:
         copies, with the stream-ordered batch attributes (requires `has_batch_copy`)."""
         if self._batch is None:
             raise ECConnectorError(f"{self.path} has no cudaMemcpyBatchAsync (CUDA {self.version})")
-
-        def address(fn: Any) -> int:
-            return int(ctypes.cast(fn, _vp).value or 0)
-
+        wait, record, memcpy, batch, has_fail_index, batch_max, attr_index = self.driver_table().tolist()
         return EntryPoints(
-            set_device=address(self._lib.cudaSetDevice),
-            wait=address(self._lib.cudaStreamWaitEvent),
-            record=address(self._lib.cudaEventRecord),
-            memcpy=address(self._lib.cudaMemcpyAsync),
-            batch=address(self._batch),
-            batch_has_fail_index=self._batch_has_fail_index,
+            set_device=_function_address(self._lib.cudaSetDevice),
+            wait=wait,
+            record=record,
+            memcpy=memcpy,
+            batch=batch,
+            batch_has_fail_index=bool(has_fail_index),
             attrs=self._attrs_address,
-            attr_index=self._attr_index_address,
-            batch_max=BATCH_MAX,
+            attr_index=attr_index,
+            batch_max=batch_max,
         )
+
+    def driver_table(self) -> np.ndarray:
+        """queue.h's `ec_driver_t` (int64 values: cudaStreamWaitEvent, cudaEventRecord,
+        cudaMemcpyAsync, cudaMemcpyBatchAsync or 0, whether it takes a failIdx, the copies per call,
+        the attribute index), for native code that queues a batch; kept alive here."""
+        if self._driver_table is None:
+            batch = self._batch
+            self._driver_table = np.array(
+                [
+                    _function_address(self._lib.cudaStreamWaitEvent),
+                    _function_address(self._lib.cudaEventRecord),
+                    _function_address(self._lib.cudaMemcpyAsync),
+                    0 if batch is None else _function_address(batch),
+                    int(batch is not None and self._batch_has_fail_index),
+                    BATCH_MAX,
+                    0 if batch is None else self._attr_index_address,
+                ],
+                dtype=np.int64,
+            )
+        return self._driver_table
+
+    def batch_attrs(self, *, source_settled: bool) -> int:
+        """Address of the batch attributes `memcpy_batch` uses (see there); 0 without batch copies."""
+        if self._batch is None:
+            return 0
+        return self._settled_attrs_address if source_settled else self._attrs_address
 
     def describe(self, err: int) -> str:
         text = self._lib.cudaGetErrorString(err)
@@ -260,6 +284,10 @@ class CudaRuntime:
             n, at = min(BATCH_MAX, count - first), 8 * first
             err = self._batch(dsts + at, srcs + at, sizes + at, n, *tail, stream)
             self.check(err, "cudaMemcpyBatchAsync")
+
+
+def _function_address(fn: Any) -> int:
+    return int(ctypes.cast(fn, _vp).value or 0)
 
 
 def _address(values: np.ndarray) -> int:

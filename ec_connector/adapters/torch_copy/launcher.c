@@ -20,18 +20,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-typedef int (*set_device_fn)(int device);
-typedef int (*wait_fn)(void *stream, void *event, unsigned flags);
-typedef int (*record_fn)(void *event, void *stream);
-typedef int (*memcpy_fn)(void *dst, const void *src, size_t n, int kind, void *stream);
-/* cudaMemcpyBatchAsync: CUDA 13 has no failIdx argument, 12.8-12.9 have one before the stream */
-typedef int (*batch13_fn)(void *dsts, void *srcs, void *sizes, size_t count, void *attrs,
-                          void *attr_index, size_t n_attrs, void *stream);
-typedef int (*batch12_fn)(void *dsts, void *srcs, void *sizes, size_t count, void *attrs,
-                          void *attr_index, size_t n_attrs, size_t *fail_index, void *stream);
+#include "queue.h"
 
-enum { CALL_WAIT = 1, CALL_START = 2, CALL_COPY = 3, CALL_END = 4, CALL_DEVICE = 5 };
-enum { MEMCPY_DEFAULT = 4 };
+typedef int (*set_device_fn)(int device);
 
 typedef struct {
     int64_t stream, fence, start, end, count, capacity;
@@ -50,44 +41,15 @@ typedef struct {
     int64_t error_call, error_code;
     int64_t device;
     set_device_fn set_device;
-    wait_fn wait;
-    record_fn record;
-    memcpy_fn memcpy1;
-    void *batch, *attrs, *attr_index;
-    int batch_has_fail_index;
-    int64_t batch_max;
+    ec_driver_t driver;
+    void *attrs;
 } launcher_t;
 
 static int run_job(launcher_t *l, job_t *j, int64_t *call) {
-    void *stream = (void *)(intptr_t)j->stream;
-    int err;
-    *call = CALL_WAIT;
-    if ((err = l->wait(stream, (void *)(intptr_t)j->fence, 0))) return err;
-    *call = CALL_START;
-    if ((err = l->record((void *)(intptr_t)j->start, stream))) return err;
-    *call = CALL_COPY;
-    int64_t *dst = j->columns, *src = dst + j->capacity, *size = src + j->capacity;
-    if (j->count == 1 || !l->batch) {
-        for (int64_t i = 0; i < j->count; i++)
-            if ((err = l->memcpy1((void *)(intptr_t)dst[i], (const void *)(intptr_t)src[i],
-                                  (size_t)size[i], MEMCPY_DEFAULT, stream)))
-                return err;
-    } else {
-        for (int64_t first = 0; first < j->count; first += l->batch_max) {
-            int64_t n = j->count - first < l->batch_max ? j->count - first : l->batch_max;
-            if (l->batch_has_fail_index) {
-                size_t fail = 0;
-                err = ((batch12_fn)l->batch)(dst + first, src + first, size + first, (size_t)n,
-                                             l->attrs, l->attr_index, 1, &fail, stream);
-            } else {
-                err = ((batch13_fn)l->batch)(dst + first, src + first, size + first, (size_t)n,
-                                             l->attrs, l->attr_index, 1, stream);
-            }
-            if (err) return err;
-        }
-    }
-    *call = CALL_END;
-    return l->record((void *)(intptr_t)j->end, stream);
+    const int64_t *dst = j->columns, *src = dst + j->capacity, *size = src + j->capacity;
+    return ec_queue_copies(&l->driver, (void *)(intptr_t)j->stream, (void *)(intptr_t)j->fence,
+                           (void *)(intptr_t)j->start, (void *)(intptr_t)j->end, dst, src, size,
+                           j->count, l->attrs, call);
 }
 
 static void *serve(void *arg) {
@@ -96,7 +58,7 @@ static void *serve(void *arg) {
     pthread_mutex_lock(&l->mu);
     if (err) {
         l->error_job = 0;
-        l->error_call = CALL_DEVICE;
+        l->error_call = EC_CALL_DEVICE;
         l->error_code = err;
     }
     for (;;) {
@@ -140,14 +102,11 @@ void *ec_launcher_new(int64_t slots, int64_t device, void *set_device, void *wai
     l->error_job = -1;
     l->device = device;
     l->set_device = (set_device_fn)set_device;
-    l->wait = (wait_fn)wait;
-    l->record = (record_fn)record;
-    l->memcpy1 = (memcpy_fn)memcpy1;
-    l->batch = batch;
-    l->batch_has_fail_index = (int)batch_has_fail_index;
+    l->driver = (ec_driver_t){(int64_t)(intptr_t)wait,  (int64_t)(intptr_t)record,
+                              (int64_t)(intptr_t)memcpy1, (int64_t)(intptr_t)batch,
+                              batch_has_fail_index,      batch_max,
+                              (int64_t)(intptr_t)attr_index};
     l->attrs = attrs;
-    l->attr_index = attr_index;
-    l->batch_max = batch_max;
     pthread_mutex_init(&l->mu, NULL);
     pthread_cond_init(&l->work, NULL);
     pthread_cond_init(&l->room, NULL);

@@ -33,13 +33,6 @@ from ec_connector.domain.errors import ECConnectorError
 
 SOURCE = Path(__file__).with_name("launcher.c")
 SLOTS = 256  # jobs queued and not yet handled before `submit` waits for room
-_CALLS = {  # launcher.c's CALL_* numbers
-    1: "cudaStreamWaitEvent (the fence)",
-    2: "cudaEventRecord (start)",
-    3: "the copies",
-    4: "cudaEventRecord (end)",
-    5: "cudaSetDevice (the launcher thread's device)",
-}
 _vp, _i64 = ctypes.c_void_p, ctypes.c_int64
 
 
@@ -100,7 +93,10 @@ class SaveLauncher:
         job, call, code = self._error.tolist()
         if job < 0:
             return None
-        return job, f"{_CALLS.get(call, f'call {call}')} of save job {job} failed with CUDA error {code}"
+        return (
+            job,
+            f"{native.QUEUE_CALLS.get(call, f'call {call}')} of save job {job} failed with CUDA error {code}",
+        )
 
     def close(self) -> None:
         """Handle what is queued, stop the thread, free the jobs; idempotent."""

@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import os
 import platform
+import re
 import shutil
 import subprocess
 import tempfile
@@ -20,6 +21,16 @@ from pathlib import Path
 from ec_connector.domain.errors import ECConnectorError
 
 FLAGS = ("-O2", "-shared", "-fPIC", "-std=c11", "-pthread")
+# queue.h's EC_CALL_* numbers: which CUDA call of a queued batch failed
+QUEUE_CALLS = {
+    1: "cudaStreamWaitEvent (the fence)",
+    2: "cudaEventRecord (start)",
+    3: "the copies",
+    4: "cudaEventRecord (end)",
+    5: "cudaSetDevice (the launcher thread's device)",
+    6: "cudaEventRecord (the fence, on the caller's stream)",
+    7: "cudaStreamWaitEvent (the caller's stream on the end event)",
+}
 
 
 def compiler() -> str | None:
@@ -62,6 +73,13 @@ def cache_dir() -> Path:
     )
 
 
+def local_headers(source: Path) -> list[Path]:
+    """The headers `source` includes by quoted name from its own directory (part of its cache key:
+    a changed header rebuilds every library that includes it)."""
+    names = re.findall(rb'^#include "([^"/]+)"', source.read_bytes(), flags=re.MULTILINE)
+    return [source.with_name(name.decode()) for name in names]
+
+
 def build(source: Path, what: str) -> Path:
     """The shared library built from `source` (`what` names it in errors), from the cache if there."""
     cc = compiler()
@@ -70,7 +88,7 @@ def build(source: Path, what: str) -> Path:
             f"TorchCopier on CUDA builds {what} ({source.name}) with a C compiler, as Triton builds "
             "its launchers, and found none: install gcc or clang, or name one in $CC"
         )
-    text = source.read_bytes()
+    text = source.read_bytes() + b"".join(header.read_bytes() for header in local_headers(source))
     key = hashlib.sha256(text + cc.encode() + " ".join(FLAGS).encode() + platform.machine().encode())
     cache = cache_dir()
     target = cache / f"{source.stem}-{key.hexdigest()[:16]}.so"
