@@ -1,10 +1,12 @@
 """Building and caching the copier's compiled helpers (native.py): where, with what, and errors.
 
-These need no compiler: they check the paths and the messages around the build.
+These check the paths and the messages around the build (needing no compiler), and that a
+changed header rebuilds what includes it (with one).
 """
 
 from __future__ import annotations
 
+import ctypes
 import os
 from pathlib import Path
 
@@ -52,3 +54,23 @@ def test_no_compiler_and_a_failing_one_are_named(tmp_path: Path, monkeypatch: py
     ):
         native.build(batchplan.SOURCE, "the batch planner")
     assert not list((tmp_path / "cache").glob("*.so*")), "no partial library left behind"
+
+
+@pytest.mark.skipif(native.compiler() is None, reason="needs a C compiler (cc, gcc or clang)")
+def test_a_changed_local_header_rebuilds_the_library_that_includes_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("EC_CONNECTOR_CACHE", str(tmp_path / "cache"))
+    header, source = tmp_path / "value.h", tmp_path / "helper.c"
+    header.write_text("#define VALUE 1\n")
+    source.write_text('#include <stdint.h>\n#include "value.h"\nint64_t value(void) { return VALUE; }\n')
+    assert native.local_headers(source) == [header]
+    first = native.build(source, "a helper")
+    assert native.build(source, "a helper") == first, "unchanged: taken from the cache"
+    header.write_text("#define VALUE 2\n")
+    second = native.build(source, "a helper")
+    assert second != first
+    assert ctypes.CDLL(str(second)).value() == 2
+    assert [native.local_headers(s) for s in (batchplan.SOURCE, launcher.SOURCE)] == [
+        [batchplan.SOURCE.with_name("queue.h")]
+    ] * 2

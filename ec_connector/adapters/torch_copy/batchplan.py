@@ -2,7 +2,9 @@
 
 `BatchPlanner.plan` validates a batch's runs, joins the touching ones, and lays out the copy-engine
 copies and the copy kernel's runs in one C call: what numpy did in 20-60 µs per batch of 32 on the
-engine's step thread. The library is built on first use and cached (native.py).
+engine's step thread. A batch that goes wholly to the copy engines can be queued in the same call
+(`load_queued`/`save_queued`: the stream operations of queue.h), so the step thread pays one ctypes
+call for planning and queueing it. The library is built on first use and cached (native.py).
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import NamedTuple
+from typing import NamedTuple, cast
 
 import numpy as np
 
@@ -171,15 +173,11 @@ class BatchPlanner:
     ) -> BatchPlan:
         """Plan copying payload i (its first row at `pointers[i]`, `offsets[i]` elements of
         `item_bytes` into its storage) into copy i's extents. LayoutMismatch names a bad copy."""
-        plan = self.save_queued(copies, pointers, offsets, item_bytes, None)
-        assert plan is not None
-        return plan
+        return cast(BatchPlan, self.save_queued(copies, pointers, offsets, item_bytes, None))
 
     def load(self, copies: Sequence[PlannedCopy], dense: int) -> BatchPlan:
         """Plan copying each copy's extents to rows back to back from address `dense`."""
-        plan = self.load_queued(copies, dense, None)
-        assert plan is not None
-        return plan
+        return cast(BatchPlan, self.load_queued(copies, dense, None))
 
     def save_queued(
         self,
@@ -226,7 +224,7 @@ class BatchPlanner:
         io[IN_COPIES] = len(copies)
         io[IN_FEW_SHORT] = max(self._few_short, self._short_per_copy * len(copies))
         io[IN_RUNS] = n_runs
-        columns = (
+        args = (
             self._io_address,
             self._workspace_address,
             packed,
@@ -236,11 +234,11 @@ class BatchPlanner:
             None if offsets is None else offsets.buffer_info()[0],
         )
         if queue is None:
-            err = self._plan(*columns)
+            err = self._plan(*args)
         else:
             if not self._driver:
                 raise ValueError("this BatchPlanner was built without a driver table; it cannot queue")
-            err = self._plan_queue(*columns, self._driver, *queue, attrs, join)
+            err = self._plan_queue(*args, self._driver, *queue, attrs, join)
         if err != _OK:
             if err == _BAD_CAPACITY:  # pragma: no cover - grown above
                 raise AssertionError("the batch planner's workspace was not grown")

@@ -6,8 +6,9 @@
  * back from the driver before the step goes on (nobody waits on the region's bytes in stream
  * order), so the step thread records a fence on its stream, copies the batch's three columns into a
  * job here and returns; this thread queues, on the job's copy stream, the wait for the fence, the
- * start event, the copies (at most `batch_max` per call, in order) and the end event. Loads stay on
- * the step thread: the caller's stream must wait on their end event before the step goes on.
+ * start event, the copies (at most `batch_max` per call, in order) and the end event: queue.h's
+ * sequence, which batchplan.c makes on the step thread for every other copy-engine batch. Loads stay
+ * on the step thread: the caller's stream must wait on their end event before the step goes on.
  *
  * Jobs run in submission order. The first failing CUDA call is recorded (its job, call and error)
  * and every later job is skipped; the Python side raises it at its next look. No Python headers:
