@@ -276,6 +276,37 @@ def test_a_load_on_a_side_stream_orders_that_stream(region: MemoryRegion) -> Non
 
 
 @CUDA
+@pytest.mark.parametrize("direction", ["load", "save"])
+def test_a_refused_batch_gives_its_events_back_and_the_next_one_runs(
+    region: MemoryRegion, direction: str
+) -> None:
+    """A batch is planned and queued in one native call with events taken from the pool first; a
+    batch refused there (extents beyond the region) must put them back and queue nothing."""
+    copier = TorchCopier(region, device="cuda")  # no save launcher: the step thread queues saves
+    try:
+        good, beyond = (Extent(0, 64),), (Extent(LAYOUT.num_blocks - 8, 64),)
+        src = payload(64, LAYOUT, "cuda", seed=11)
+        copier.save([SaveJob(planned(good), src)])
+        drain(copier)
+        pool = copier._engine._events  # type: ignore[union-attr]  # white box: nothing else shows the pool
+        pooled = len(pool)
+        for _ in range(3):
+            with pytest.raises(LayoutMismatch, match="beyond the region's 4096 blocks"):
+                if direction == "load":
+                    copier.load([planned(beyond)])
+                else:
+                    copier.save([SaveJob(planned(beyond), src)])
+        assert len(pool) == pooled and copier.in_flight() == 0
+        tail = (Extent(LAYOUT.num_blocks - 8, 8),)  # the part of `beyond` inside the region
+        assert region_bytes(region, tail) == bytes(8 * LAYOUT.block_size_bytes), "nothing written"
+        [again] = copier.load([planned(good)])
+        drain(copier)
+        assert as_bytes(again) == as_bytes(src)
+    finally:
+        copier.close()
+
+
+@CUDA
 def test_misaligned_payloads_round_trip(region: MemoryRegion) -> None:
     copier = TorchCopier(region, device="cuda")
     try:
