@@ -2,8 +2,10 @@
 
 `bench/copy_bandwidth.py` reports host time too, but from a handful of repetitions among large
 copies, which vary 30-100% run to run. Here every case is 20 warm-up calls and then `--iters` timed
-calls of each kind (save and load in turn), each on an idle device, inside `torch.inference_mode()` as
-vLLM's model runner calls the connector; it prints median, p10 and p90, and the cost of the pieces
+calls of each kind (save and load in turn), each on an idle device, inside `torch.inference_mode()` and
+on a stream of the caller's own, as vLLM's model runner calls the connector (on CUDA, vLLM's
+`current_stream()` makes a stream per process; `--stream default` times calls from the legacy default
+stream instead); it prints median, p10 and p90, and the cost of the pieces
 that do not depend on our code (the driver's batched copy submission and torch's `split` into
 per-entry views) measured alongside. Each case's own driver call is timed too, in turn with the
 copier's calls: the very `cudaMemcpyBatchAsync` calls (same copies) the copier hands the driver for
@@ -375,6 +377,13 @@ def main(argv: list[str] | None = None) -> None:
         default=None,
         help="time only the cases whose name contains this text (repeatable)",
     )
+    parser.add_argument(
+        "--stream",
+        choices=("own", "default"),
+        default="own",
+        help="the callers' stream: one of their own, as vLLM's model runner has (default), or the "
+        "legacy default stream",
+    )
     args = parser.parse_args(argv)
     dma_min = None if args.dma_min_bytes.lower() == "none" else int(args.dma_min_bytes)
     if not torch.cuda.is_available():
@@ -384,11 +393,13 @@ def main(argv: list[str] | None = None) -> None:
         )
     print(
         f"# {torch.cuda.get_device_name()} torch {torch.__version__}; "
-        f"batch of {BATCH} entries, {args.iters} calls, dma_min_bytes {dma_min}"
+        f"batch of {BATCH} entries, {args.iters} calls, dma_min_bytes {dma_min}, "
+        f"callers on {'a stream of their own' if args.stream == 'own' else 'the legacy default stream'}"
     )
     passes: list[list[dict]] = []
     floors: dict[str, float] = {}
-    with torch.inference_mode():
+    own = torch.cuda.Stream() if args.stream == "own" else torch.cuda.default_stream()
+    with torch.inference_mode(), torch.cuda.stream(own):
         layouts = cases(random.Random(1))  # aged once: every pass times the same batches
         if args.only:
             layouts = [case for case in layouts if any(text in case[0] for text in args.only)]

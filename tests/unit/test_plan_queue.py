@@ -93,6 +93,19 @@ def test_a_load_is_planned_queued_and_joined_to_the_callers_stream_in_one_call(r
     assert runtime.attrs == [SETTLED_ATTRS, SETTLED_ATTRS], "a load's sources may be read out of stream order"
 
 
+def test_a_load_onto_the_callers_own_stream_needs_no_fence_and_no_join(runtime: Runtime) -> None:
+    alone = planner(None)
+    expected = copies_of(alone.load(LONG, DENSE))
+    own = Queue(CALLER, CALLER, FENCE, START, END)  # the caller's stream is the copies' stream
+    assert planner(runtime).load_queued(LONG, DENSE, own) is None
+    assert runtime.calls == [
+        ("record", START, CALLER),
+        ("batch", CALLER, expected[:4]),
+        ("batch", CALLER, expected[4:]),
+        ("record", END, CALLER),
+    ]
+
+
 def test_a_save_is_queued_in_stream_order_and_the_caller_does_not_wait(runtime: Runtime) -> None:
     payloads = [np.zeros(c.rows * ROW, dtype=np.uint8) for c in LONG[:2]]
     pointers, offsets = [int(p.ctypes.data) for p in payloads], [0, 0]

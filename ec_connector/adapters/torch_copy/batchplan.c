@@ -204,11 +204,14 @@ int64_t ec_plan_batch(int64_t *restrict io, int64_t *restrict ws, const int64_t 
 /* Plan one batch (as ec_plan_batch) and, when it goes wholly to the copy engines, queue it at once:
  * record `fence` on the caller's stream, then on the copy stream `stream` wait for it, record
  * `start`, make the copies (with the batch attributes at `attrs`) and record `end`; with `join`, the
- * caller's stream then waits for `end` (a load: what the caller queues next sees the bytes). One
- * call for what took the step thread a plan and six runtime calls from Python. OUT_QUEUED says
- * whether it queued (a batch with kernel runs is only planned: the kernel is launched from
- * Python); a failing CUDA call leaves its EC_CALL_* in OUT_CALL and its error in OUT_CUDA_ERROR,
- * and the calls after it are not made. Returns what ec_plan_batch returns. */
+ * caller's stream then waits for `end` (a load: what the caller queues next sees the bytes). When
+ * `stream` is the caller's own, the batch goes straight onto it (start, copies, end): stream order
+ * alone puts it after the caller's earlier work and before its later work, so the fence and the
+ * join are not needed. One call for what took the step thread a plan and up to six runtime calls
+ * from Python. OUT_QUEUED says whether it queued (a batch with kernel runs is only planned: the
+ * kernel is launched from Python); a failing CUDA call leaves its EC_CALL_* in OUT_CALL and its
+ * error in OUT_CUDA_ERROR, and the calls after it are not made. Returns what ec_plan_batch
+ * returns. */
 int64_t ec_plan_queue(int64_t *restrict io, int64_t *restrict ws, const int64_t *restrict packed,
                       const int64_t *restrict rows, const int64_t *restrict counts,
                       const int64_t *restrict pointers, const int64_t *restrict offsets,
@@ -220,17 +223,17 @@ int64_t ec_plan_queue(int64_t *restrict io, int64_t *restrict ws, const int64_t 
     const int64_t status = ec_plan_batch(io, ws, packed, rows, counts, pointers, offsets);
     if (status != OK || io[OUT_KERNEL]) return status;
     io[OUT_QUEUED] = 1;
-    const ec_record_fn record = (ec_record_fn)(intptr_t)driver->record;
+    const int apart = stream != caller; /* on a copy stream of its own: fence and join */
     void *on = (void *)(intptr_t)stream, *from = (void *)(intptr_t)caller;
-    void *fired = (void *)(intptr_t)end;
+    void *fired = (void *)(intptr_t)end, *after = apart ? (void *)(intptr_t)fence : NULL;
     const int64_t cap = io[IN_CAPACITY];
     int64_t call = EC_CALL_FENCE;
-    int err = record((void *)(intptr_t)fence, from);
+    int err = apart ? ((ec_record_fn)(intptr_t)driver->record)(after, from) : 0;
     if (!err)
-        err = ec_queue_copies(driver, on, (void *)(intptr_t)fence, (void *)(intptr_t)start, fired,
-                              ws + W_DMA_DST * cap, ws + W_DMA_SRC * cap, ws + W_DMA_SIZE * cap,
-                              io[OUT_DMA], (void *)(intptr_t)attrs, &call);
-    if (!err && join) {
+        err = ec_queue_copies(driver, on, after, (void *)(intptr_t)start, fired, ws + W_DMA_DST * cap,
+                              ws + W_DMA_SRC * cap, ws + W_DMA_SIZE * cap, io[OUT_DMA],
+                              (void *)(intptr_t)attrs, &call);
+    if (!err && join && apart) {
         call = EC_CALL_JOIN;
         err = ((ec_wait_fn)(intptr_t)driver->wait)(from, fired, 0);
     }

@@ -1,4 +1,4 @@
-"""CUDA engine: each batch is one stream-ordered sequence on a pooled copy stream.
+"""CUDA engine: each batch is one stream-ordered sequence on a pooled copy stream (or the caller's own).
 
     caller stream --fence--> copy stream: start event, [run table upload, copy kernel for the short
     runs], [one batched cudaMemcpyAsync of the long runs], end event
@@ -6,7 +6,9 @@
 A batch that goes wholly to the copy engines is planned and queued in one native call
 (`BatchPlanner.load_queued`/`save_queued`, batchplan.c with queue.h): the fence, the stream
 operations and the copies cost the step thread one ctypes call instead of a plan and six runtime
-calls from Python. With the save launcher on (`launcher`), such a save is handed, planned, to
+calls from Python. Such a load called from a stream of the caller's own (not the legacy default
+stream) goes onto that stream itself: start event, copies, end event, nothing to fence or join.
+With the save launcher on (`launcher`), a save wholly on the copy engines is handed, planned, to
 launcher.c instead: the step thread records the fence and returns, and the launcher's native
 thread queues the rest on a copy stream of its own (the driver's ~1 µs per copy off the step
 thread). Loads, and saves with kernel runs (the Triton launch is Python), are queued by the calling
@@ -236,7 +238,11 @@ class CudaEngine:
         out = torch.empty((total, self._width), dtype=self._dtype, device=self._device)
         stream = self._next(self._load_streams)
         start, end = events = self._take_events()
-        queue = Queue(caller, stream.cuda_stream, self._fence, start, end)
+        # A copy-engine load goes onto the caller's own stream when it has one (vLLM's model runner
+        # makes a stream per process): stream order alone puts it after the work queued there and
+        # before what comes next, with no fence or join. From the legacy default stream (0), which
+        # cudaMemcpyBatchAsync refuses, it goes to a copy stream behind a fence, joined after.
+        queue = Queue(caller, caller or stream.cuda_stream, self._fence, start, end)
         try:
             plan = self._planner.load_queued(copies, out.data_ptr(), queue)
         except BaseException as err:

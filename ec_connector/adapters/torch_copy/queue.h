@@ -37,9 +37,9 @@ typedef struct {
     int64_t wait, record, memcpy1, batch, batch_has_fail_index, batch_max, attr_index;
 } ec_driver_t;
 
-/* On `stream`: wait for `fence`, record `start`, copy `count` (dst, src, size) in order (batch calls
- * of at most batch_max copies, with the attributes at `attrs`), record `end`. Returns 0 or the CUDA
- * error, with the failing call in *call. */
+/* On `stream`: wait for `fence` (none when NULL), record `start`, copy `count` (dst, src, size) in
+ * order (batch calls of at most batch_max copies, with the attributes at `attrs`), record `end`.
+ * Returns 0 or the CUDA error, with the failing call in *call. */
 static inline int ec_queue_copies(const ec_driver_t *d, void *stream, void *fence, void *start,
                                   void *end, const int64_t *dst, const int64_t *src,
                                   const int64_t *size, int64_t count, void *attrs, int64_t *call) {
@@ -47,7 +47,7 @@ static inline int ec_queue_copies(const ec_driver_t *d, void *stream, void *fenc
     const ec_record_fn record = (ec_record_fn)(intptr_t)d->record;
     int err;
     *call = EC_CALL_WAIT;
-    if ((err = wait(stream, fence, 0))) return err;
+    if (fence && (err = wait(stream, fence, 0))) return err;
     *call = EC_CALL_START;
     if ((err = record(start, stream))) return err;
     *call = EC_CALL_COPY;
