@@ -31,6 +31,7 @@ class Runtime:
     def __init__(self, *, fail_index: bool = False, batch_max: int = 256) -> None:
         self.calls: list[tuple] = []
         self.attrs: list[int] = []  # each batch call's attributes
+        self._driver_table: np.ndarray | None = None
         self.threads: set[int] = set()
         self.fail: dict[tuple[str, int], int] = {}
         self._seen: dict[str, int] = {}
@@ -65,7 +66,18 @@ class Runtime:
         self.entry = EntryPoints(*address, fail_index, ATTRS, ATTR_INDEX, batch_max)  # type: ignore[arg-type]
 
     def driver_table(self) -> np.ndarray:
-        """queue.h's ec_driver_t over these entry points (what CudaRuntime.driver_table gives)."""
-        e = self.entry
-        values = [e.wait, e.record, e.memcpy, e.batch, int(e.batch_has_fail_index), e.batch_max, e.attr_index]
-        return np.array(values, dtype=np.int64)
+        """queue.h's ec_driver_t over these entry points (what CudaRuntime.driver_table gives), made
+        once and kept alive here, as the real runtime keeps its own."""
+        if self._driver_table is None:
+            e = self.entry
+            values = [
+                e.wait,
+                e.record,
+                e.memcpy,
+                e.batch,
+                int(e.batch_has_fail_index),
+                e.batch_max,
+                e.attr_index,
+            ]
+            self._driver_table = np.array(values, dtype=np.int64)
+        return self._driver_table

@@ -38,7 +38,7 @@ def runtime() -> Iterator[Runtime]:
 
 def planner(runtime: Runtime | None) -> BatchPlanner:
     table = None if runtime is None else runtime.driver_table()
-    planner = BatchPlanner(
+    return BatchPlanner(
         num_blocks=BLOCKS,
         row_bytes=ROW,
         host_address=HOST,
@@ -48,8 +48,6 @@ def planner(runtime: Runtime | None) -> BatchPlanner:
         base_align=ROW | HOST,
         driver=None if table is None else (int(table.ctypes.data), SETTLED_ATTRS, ATTRS),
     )
-    planner.table = table  # type: ignore[attr-defined]  # kept alive with the planner
-    return planner
 
 
 def batch(*shapes: tuple[tuple[int, int], ...]) -> list[PlannedCopy]:
