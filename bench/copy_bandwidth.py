@@ -14,6 +14,12 @@ the `save`/`load` call (what the engine's step thread pays). Every copy's bytes 
     python bench/copy_bandwidth.py --quick         # a short run
     python bench/copy_bandwidth.py --alternatives  # also per-run memcpy and UVA index_copy_/index_select
     python bench/copy_bandwidth.py --gate-us 400   # device time only (see below)
+    python bench/copy_bandwidth.py --stream default  # callers on the legacy default stream
+
+On CUDA the copier is called from a stream of the caller's own, as vLLM's model runner calls the
+connector (vLLM's `current_stream()` makes one per process): a load wholly on the copy engines then
+goes onto that stream itself. `--stream default` calls it from the legacy default stream, where such
+a load is fenced onto a copy stream and joined back (the path every run before session 15 timed).
 
 By default a batch's events also enclose the host's enqueue of its copies when the stream is idle
 (the start event fires at once, the copies land as the host submits them), for the copier and the
@@ -569,6 +575,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=0.0,
         help="hold the stream this long before each timed copy so events time device work only (CUDA)",
     )
+    parser.add_argument(
+        "--stream",
+        choices=("own", "default"),
+        default="own",
+        help="the caller's stream: one of its own, as vLLM's model runner has (default), or the "
+        "legacy default stream",
+    )
     parser.add_argument("--json", type=Path, default=None, help="write every number here")
     args = parser.parse_args(argv)
     args.entries = tuple(args.entries or (("64rows", "1MiB") if args.quick else ENTRIES))
@@ -590,7 +603,8 @@ def run(args: argparse.Namespace, progress: Callable[[str], None] | None = None)
     print(f"# device {dev.device}" + (f" ({torch.cuda.get_device_name(dev.device)})" if dev.cuda else ""))
     print(
         f"# torch {torch.__version__}, tile_bytes {args.tile_bytes}, num_warps {args.num_warps}, "
-        f"dma_min_bytes {args.dma_min_bytes}, reps {args.reps}, gate {args.gate_us:g} us"
+        f"dma_min_bytes {args.dma_min_bytes}, reps {args.reps}, gate {args.gate_us:g} us, "
+        f"caller on {'a stream of its own' if args.stream == 'own' else 'the legacy default stream'}"
     )
     if dev.cuda:
         import triton
@@ -601,8 +615,10 @@ def run(args: argparse.Namespace, progress: Callable[[str], None] | None = None)
         "d2h/h2d = contiguous pinned memcpy"
     )
     print(HEADER, flush=True)
-    for width in args.widths:
-        bench.run_width(width, args.entries, args.layouts)
+    caller = torch.cuda.Stream(dev.device) if dev.cuda and args.stream == "own" else None
+    with torch.cuda.stream(caller):  # None: the current (default) stream, and a no-op on CPU
+        for width in args.widths:
+            bench.run_width(width, args.entries, args.layouts)
     print()
     print(HEADER)
     for row in bench.rows:

@@ -94,6 +94,11 @@ def cases(rng: random.Random) -> list[tuple[str, int, int, list[tuple[Extent, ..
         ("1 MiB of 7 KiB rows, runs1-16", 3584, 146),
         ("1 MiB of 2 KiB rows, aged", 1024, 512),
         ("1 MiB of 7 KiB rows, aged", 3584, 146),
+        # vLLM loads at most its encoder cache's rows in one step: max(max_num_batched_tokens, the
+        # model's largest item), and max_num_batched_tokens defaults to 8192 (API server) or 16384
+        # (offline) on an H200; these are the largest 32-entry batches those leave
+        ("1.75 MiB of 7 KiB rows, aged, 8192 rows", 3584, 256),
+        ("3.5 MiB of 7 KiB rows, aged, 16384 rows", 3584, 512),
         ("8 MiB of 7 KiB rows, aged", 3584, 1170),
         ("16 MiB of 7 KiB rows, aged", 3584, 2340),
         ("8 MiB of 7 KiB rows, aged, 25% reads", 3584, 1170),

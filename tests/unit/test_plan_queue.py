@@ -121,6 +121,31 @@ def test_a_save_is_queued_in_stream_order_and_the_caller_does_not_wait(runtime: 
     assert runtime.attrs == [ATTRS], "a save reads its payloads in stream order"
 
 
+def test_each_call_queues_on_its_own_streams_and_events(runtime: Runtime) -> None:
+    """The queue's streams and events are the planner's per-call slots: the second batch must not
+    reuse the first one's, and rows the caller already has plan the same copies."""
+    one = batch(((0, 64),))
+    planned = planner(runtime)
+    second = Queue(0xC1, 0x5F, FENCE, 0x58, 0xE1)
+    assert planned.load_queued(one, DENSE, QUEUE, [64]) is None
+    assert planned.load_queued(one, DENSE, second) is None
+    copy = [(DENSE, HOST, 64 * ROW)]
+    assert runtime.calls == [
+        ("record", FENCE, CALLER),
+        ("wait", STREAM, FENCE),
+        ("record", START, STREAM),
+        ("memcpy", STREAM, copy),
+        ("record", END, STREAM),
+        ("wait", CALLER, END),
+        ("record", FENCE, 0xC1),
+        ("wait", 0x5F, FENCE),
+        ("record", 0x58, 0x5F),
+        ("memcpy", 0x5F, copy),
+        ("record", 0xE1, 0x5F),
+        ("wait", 0xC1, 0xE1),
+    ]
+
+
 def test_a_single_copy_goes_through_cudamemcpyasync(runtime: Runtime) -> None:
     one = batch(((0, 64),))
     assert planner(runtime).load_queued(one, DENSE, QUEUE) is None

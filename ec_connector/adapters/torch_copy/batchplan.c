@@ -18,7 +18,11 @@ enum {
     IN_COPIES, IN_RUNS, IN_CAPACITY, IN_NUM_BLOCKS, IN_ROW_BYTES, IN_HOST, IN_DENSE,
     IN_ITEM_BYTES, IN_BIG_ROWS, IN_FEW_RUNS, IN_MIXED_MIN_RUNS, IN_BASE_ALIGN, IN_SAVE, IN_FEW_SHORT,
     OUT_BAD_COPY, OUT_TOTAL_ROWS, OUT_DMA, OUT_KERNEL, OUT_KERNEL_ROWS, OUT_WORD, OUT_VEC,
-    OUT_DELTA, OUT_QUEUED, OUT_CALL, OUT_CUDA_ERROR, IO_SLOTS = 32
+    OUT_DELTA, OUT_QUEUED, OUT_CALL, OUT_CUDA_ERROR,
+    /* ec_plan_queue's: the driver (an ec_driver_t's address) and the batch attributes of loads and
+     * saves, set once; the streams and events of each batch, set per call */
+    IN_DRIVER, IN_LOAD_ATTRS, IN_SAVE_ATTRS, IN_CALLER, IN_STREAM, IN_FENCE, IN_START, IN_END,
+    IO_SLOTS = 40
 };
 
 /* the workspace: SECTIONS int64 columns of IN_CAPACITY values each, in this order; the joined runs
@@ -201,39 +205,41 @@ int64_t ec_plan_batch(int64_t *restrict io, int64_t *restrict ws, const int64_t 
     return OK;
 }
 
-/* Plan one batch (as ec_plan_batch) and, when it goes wholly to the copy engines, queue it at once:
- * record `fence` on the caller's stream, then on the copy stream `stream` wait for it, record
- * `start`, make the copies (with the batch attributes at `attrs`) and record `end`; with `join`, the
- * caller's stream then waits for `end` (a load: what the caller queues next sees the bytes). When
- * `stream` is the caller's own, the batch goes straight onto it (start, copies, end): stream order
- * alone puts it after the caller's earlier work and before its later work, so the fence and the
- * join are not needed. One call for what took the step thread a plan and up to six runtime calls
- * from Python. OUT_QUEUED says whether it queued (a batch with kernel runs is only planned: the
- * kernel is launched from Python); a failing CUDA call leaves its EC_CALL_* in OUT_CALL and its
- * error in OUT_CUDA_ERROR, and the calls after it are not made. Returns what ec_plan_batch
- * returns. */
+/* Plan one batch (as ec_plan_batch, same arguments) and, when it goes wholly to the copy engines,
+ * queue it at once: record IN_FENCE on the IN_CALLER stream, then on the copy stream IN_STREAM wait
+ * for it, record IN_START, make the copies (with the IN_LOAD_ATTRS or IN_SAVE_ATTRS batch
+ * attributes) and record IN_END; a load's caller stream then waits for IN_END (what the caller
+ * queues next sees the bytes). When IN_STREAM is the caller's own, the batch goes straight onto it
+ * (start, copies, end): stream order alone puts it after the caller's earlier work and before its
+ * later work, so the fence and the join are not needed. One call, its values in io[] rather than
+ * arguments (each ctypes argument costs the step thread more than a slot), for what took a plan
+ * and up to six runtime calls from Python. OUT_QUEUED says whether it queued (a batch with kernel
+ * runs is only planned: the kernel is launched from Python); a failing CUDA call leaves its
+ * EC_CALL_* in OUT_CALL and its error in OUT_CUDA_ERROR, and the calls after it are not made.
+ * Returns what ec_plan_batch returns. */
 int64_t ec_plan_queue(int64_t *restrict io, int64_t *restrict ws, const int64_t *restrict packed,
                       const int64_t *restrict rows, const int64_t *restrict counts,
-                      const int64_t *restrict pointers, const int64_t *restrict offsets,
-                      const ec_driver_t *driver, int64_t caller, int64_t stream, int64_t fence,
-                      int64_t start, int64_t end, int64_t attrs, int64_t join) {
+                      const int64_t *restrict pointers, const int64_t *restrict offsets) {
     io[OUT_QUEUED] = 0;
     io[OUT_CALL] = 0;
     io[OUT_CUDA_ERROR] = 0;
     const int64_t status = ec_plan_batch(io, ws, packed, rows, counts, pointers, offsets);
     if (status != OK || io[OUT_KERNEL]) return status;
     io[OUT_QUEUED] = 1;
-    const int apart = stream != caller; /* on a copy stream of its own: fence and join */
-    void *on = (void *)(intptr_t)stream, *from = (void *)(intptr_t)caller;
-    void *fired = (void *)(intptr_t)end, *after = apart ? (void *)(intptr_t)fence : NULL;
+    const ec_driver_t *driver = (const ec_driver_t *)(intptr_t)io[IN_DRIVER];
+    const int load = !io[IN_SAVE];
+    const int apart = io[IN_STREAM] != io[IN_CALLER]; /* on a copy stream of its own: fence, join */
+    void *on = (void *)(intptr_t)io[IN_STREAM], *from = (void *)(intptr_t)io[IN_CALLER];
+    void *fired = (void *)(intptr_t)io[IN_END], *after = apart ? (void *)(intptr_t)io[IN_FENCE] : NULL;
+    void *attrs = (void *)(intptr_t)io[load ? IN_LOAD_ATTRS : IN_SAVE_ATTRS];
     const int64_t cap = io[IN_CAPACITY];
     int64_t call = EC_CALL_FENCE;
     int err = apart ? ((ec_record_fn)(intptr_t)driver->record)(after, from) : 0;
     if (!err)
-        err = ec_queue_copies(driver, on, after, (void *)(intptr_t)start, fired, ws + W_DMA_DST * cap,
-                              ws + W_DMA_SRC * cap, ws + W_DMA_SIZE * cap, io[OUT_DMA],
-                              (void *)(intptr_t)attrs, &call);
-    if (!err && join && apart) {
+        err = ec_queue_copies(driver, on, after, (void *)(intptr_t)io[IN_START], fired,
+                              ws + W_DMA_DST * cap, ws + W_DMA_SRC * cap, ws + W_DMA_SIZE * cap,
+                              io[OUT_DMA], attrs, &call);
+    if (!err && load && apart) {
         call = EC_CALL_JOIN;
         err = ((ec_wait_fn)(intptr_t)driver->wait)(from, fired, 0);
     }

@@ -53,7 +53,15 @@ SOURCE = Path(__file__).with_name("batchplan.c")
     OUT_QUEUED,
     OUT_CALL,
     OUT_CUDA_ERROR,
-) = range(25)
+    IN_DRIVER,
+    IN_LOAD_ATTRS,
+    IN_SAVE_ATTRS,
+    IN_CALLER,
+    IN_STREAM,
+    IN_FENCE,
+    IN_START,
+    IN_END,
+) = range(33)
 _OK, _BAD_CAPACITY = 0, 3
 _SECTION_DMA_DST, _SECTION_DMA_SRC, _SECTION_DMA_SIZE, _SECTION_TABLE = range(4)
 _vp = ctypes.c_void_p
@@ -137,14 +145,17 @@ class BatchPlanner:
         lib = library()
         self._plan = lib.ec_plan_batch
         self._plan_queue = lib.ec_plan_queue
-        self._driver, self._load_attrs, self._save_attrs = driver or (0, 0, 0)
+        self._driver = driver is not None
         self._access = lib.ec_plan_access
         self._access_out = np.zeros(2, dtype=np.int64)
         self._sections = int(lib.ec_plan_sections())
         self.inline_runs = int(lib.ec_plan_inline_runs())  # runs the kernel takes as arguments
         self._num_blocks = num_blocks
         self._io = np.zeros(int(lib.ec_plan_io_slots()), dtype=np.int64)
-        io = self._io
+        # set and read through a memoryview: plain ints each way, cheaper than numpy's scalars
+        io = self._slots = self._io.data
+        if driver is not None:
+            io[IN_DRIVER], io[IN_LOAD_ATTRS], io[IN_SAVE_ATTRS] = driver
         io[IN_NUM_BLOCKS] = num_blocks
         io[IN_ROW_BYTES] = row_bytes
         io[IN_HOST] = host_address
@@ -155,7 +166,7 @@ class BatchPlanner:
         self._short_per_copy = short_per_copy
         io[IN_MIXED_MIN_RUNS] = mixed_min_runs
         io[IN_BASE_ALIGN] = base_align
-        self._io_address = io.ctypes.data
+        self._io_address = self._io.ctypes.data
         self._capacity = 0
         self._workspace = np.zeros(0, dtype=np.int64)
         self._workspace_address = 0
@@ -188,29 +199,31 @@ class BatchPlanner:
         queue: Queue | None,
     ) -> BatchPlan | None:
         """`save`, and a batch wholly on the copy engines queued at once on `queue` (None then)."""
-        io = self._io
+        io = self._slots
         io[IN_SAVE] = 1
         io[IN_FEW_RUNS] = self._few_runs_save
         io[IN_ITEM_BYTES] = item_bytes
-        return self._run(copies, array("q", pointers), array("q", offsets), queue, self._save_attrs, 0)
+        return self._run(copies, None, array("q", pointers), array("q", offsets), queue)
 
-    def load_queued(self, copies: Sequence[PlannedCopy], dense: int, queue: Queue | None) -> BatchPlan | None:
+    def load_queued(
+        self, copies: Sequence[PlannedCopy], dense: int, queue: Queue | None, rows: list[int] | None = None
+    ) -> BatchPlan | None:
         """`load`, and a batch wholly on the copy engines queued at once on `queue`, the caller's
-        stream waiting for its end (None then). QueueFailed when a CUDA call fails."""
-        io = self._io
+        stream waiting for its end (None then). QueueFailed when a CUDA call fails. `rows`: each
+        copy's rows, where the caller has them already."""
+        io = self._slots
         io[IN_SAVE] = 0
         io[IN_FEW_RUNS] = self._few_runs_load
         io[IN_DENSE] = dense
-        return self._run(copies, None, None, queue, self._load_attrs, 1)
+        return self._run(copies, rows, None, None, queue)
 
     def _run(
         self,
         copies: Sequence[PlannedCopy],
+        rows: list[int] | None,
         pointers: array | None,
         offsets: array | None,
         queue: Queue | None,
-        attrs: int,
-        join: int,
     ) -> BatchPlan | None:
         """Plan (and with `queue`, queue a batch wholly on the copy engines: None then)."""
         packs = [c.packed for c in copies]
@@ -218,9 +231,9 @@ class BatchPlanner:
         n_runs = len(packed) >> 4
         if n_runs > self._capacity:
             self._grow(n_runs)
-        rows = array("q", [c.rows for c in copies])
+        per_copy = array("q", [c.rows for c in copies] if rows is None else rows)
         counts = array("q", [len(p) >> 4 for p in packs])
-        io = self._io
+        io = self._slots
         io[IN_COPIES] = len(copies)
         io[IN_FEW_SHORT] = max(self._few_short, self._short_per_copy * len(copies))
         io[IN_RUNS] = n_runs
@@ -228,7 +241,7 @@ class BatchPlanner:
             self._io_address,
             self._workspace_address,
             packed,
-            rows.buffer_info()[0],
+            per_copy.buffer_info()[0],
             counts.buffer_info()[0],
             None if pointers is None else pointers.buffer_info()[0],
             None if offsets is None else offsets.buffer_info()[0],
@@ -238,15 +251,16 @@ class BatchPlanner:
         else:
             if not self._driver:
                 raise ValueError("this BatchPlanner was built without a driver table; it cannot queue")
-            err = self._plan_queue(*args, self._driver, *queue, attrs, join)
+            io[IN_CALLER], io[IN_STREAM], io[IN_FENCE], io[IN_START], io[IN_END] = queue
+            err = self._plan_queue(*args)
         if err != _OK:
             if err == _BAD_CAPACITY:  # pragma: no cover - grown above
                 raise AssertionError("the batch planner's workspace was not grown")
             raise_for_extents(copies, self._num_blocks)
         if queue is not None and io[OUT_QUEUED]:
             if io[OUT_CUDA_ERROR]:
-                call = QUEUE_CALLS.get(int(io[OUT_CALL]), f"call {int(io[OUT_CALL])}")
-                raise QueueFailed(call, int(io[OUT_CUDA_ERROR]))
+                call = QUEUE_CALLS.get(io[OUT_CALL], f"call {io[OUT_CALL]}")
+                raise QueueFailed(call, io[OUT_CUDA_ERROR])
             return None
         total, dma, kernel, kernel_rows, word, vec, delta = io[OUT_TOTAL_ROWS : OUT_DELTA + 1].tolist()
         at = self._workspace_address
@@ -277,7 +291,7 @@ class BatchPlanner:
         self._workspace = np.zeros(self._sections * capacity, dtype=np.int64)
         self._workspace_address = self._workspace.ctypes.data
         self._capacity = capacity
-        self._io[IN_CAPACITY] = capacity
+        self._slots[IN_CAPACITY] = capacity
 
 
 _library: ctypes.CDLL | None = None
@@ -291,11 +305,9 @@ def library() -> ctypes.CDLL:
         if _library is None:
             # short pure computation: keeps the GIL
             lib = ctypes.PyDLL(str(native.build(SOURCE, "the batch planner")))
-            lib.ec_plan_batch.argtypes = [_vp, _vp, ctypes.c_char_p, _vp, _vp, _vp, _vp]
-            lib.ec_plan_batch.restype = ctypes.c_int64
-            i64 = ctypes.c_int64
-            lib.ec_plan_queue.argtypes = [_vp, _vp, ctypes.c_char_p, _vp, _vp, _vp, _vp, _vp, *[i64] * 7]
-            lib.ec_plan_queue.restype = i64
+            for name in ("ec_plan_batch", "ec_plan_queue"):
+                getattr(lib, name).argtypes = [_vp, _vp, ctypes.c_char_p, _vp, _vp, _vp, _vp]
+                getattr(lib, name).restype = ctypes.c_int64
             lib.ec_plan_access.argtypes = [ctypes.c_int64, _vp]
             lib.ec_plan_access.restype = None
             for name in ("ec_plan_sections", "ec_plan_io_slots", "ec_plan_inline_runs"):

@@ -244,7 +244,7 @@ class CudaEngine:
         # cudaMemcpyBatchAsync refuses, it goes to a copy stream behind a fence, joined after.
         queue = Queue(caller, caller or stream.cuda_stream, self._fence, start, end)
         try:
-            plan = self._planner.load_queued(copies, out.data_ptr(), queue)
+            plan = self._planner.load_queued(copies, out.data_ptr(), queue, rows)
         except BaseException as err:
             self._unplanned(events, err, "load")
         if plan is None:  # planned, queued and joined to the caller's stream in one native call
@@ -351,38 +351,33 @@ class CudaEngine:
         events: tuple[int, int],
     ) -> None:
         """Queue a planned batch with kernel runs on `stream_obj`, between the `events` (start, end)
-        from the pool (the planner queues the other batches in its own native call, the save
-        launcher those it takes).
+        from the pool (the planner queues the batches wholly on the copy engines in its own native
+        call, the save launcher those it takes).
 
         `dense`: one tensor per copy (saves, kept alive until the end event) or one for the whole
         batch (loads, the caller's); the plan's addresses are into them.
         """
         save = direction == "save"
-        slot: _Slot | None = None
-        fire = None
-        if plan.kernel:  # bound before the batch's first stream operation: it starts as soon as queued
-            slot, fire = self._kernel_launch(plan, dense[0], save)
-
+        # bound before the batch's first stream operation: the kernel starts as soon as queued
+        slot, fire = self._kernel_launch(plan, dense[0], save)
         rt = self._rt
         start, end = events
         stream = stream_obj.cuda_stream
-        side = self._side[stream] if plan.dma and fire is not None else None
+        side = self._side[stream].cuda_stream if plan.dma else 0  # the copy engines beside the kernel
         rt.record(self._fence, caller)
         rt.wait(stream, self._fence)
         rt.record(start, stream)
-        if side is not None:  # kernel and copy engines side by side
-            rt.wait(side.cuda_stream, start)
-        if fire is not None:
-            if slot is not None:
-                rt.memcpy(slot.device_address, slot.pinned_address, slot.staged_bytes, stream)
-            fire(stream)
-        if plan.dma:
-            on = stream if side is None else side.cuda_stream
+        if side:
+            rt.wait(side, start)
+        if slot is not None:
+            rt.memcpy(slot.device_address, slot.pinned_address, slot.staged_bytes, stream)
+        fire(stream)
+        if side:
             # a load reads region blocks of committed entries, which nothing writes while the
             # scheduler's lease holds them; a save reads payloads the caller's stream produced
-            rt.memcpy_batch(plan.dma_dst, plan.dma_src, plan.dma_size, plan.dma, on, source_settled=not save)
-        if side is not None:
-            rt.record(self._join, side.cuda_stream)
+            columns = (plan.dma_dst, plan.dma_src, plan.dma_size, plan.dma)
+            rt.memcpy_batch(*columns, side, source_settled=not save)
+            rt.record(self._join, side)
             rt.wait(stream, self._join)
         rt.record(end, stream)
         keep = tuple(dense) if save else ()
@@ -413,7 +408,7 @@ class CudaEngine:
 
     def _kernel_launch(
         self, plan: BatchPlan, first: torch.Tensor, save: bool
-    ) -> tuple[_Slot | None, Callable[[int], None] | None]:
+    ) -> tuple[_Slot | None, Callable[[int], None]]:
         """Stage the kernel's run table (unless its runs go inline) and bind its launch; (slot, fire).
 
         `first`: the tensor the kernel's dense word offsets count from (the first payload, or the
@@ -436,6 +431,8 @@ class CudaEngine:
             save=save,
             delta=plan.delta,
         )
+        if fire is None:  # pragma: no cover - a kernel plan has rows (each run at least one)
+            raise AssertionError("a batch planned with kernel runs has no kernel rows")
         return slot, fire
 
     def _retire(self, batch: _Batch) -> None:
