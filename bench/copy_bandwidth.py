@@ -226,19 +226,26 @@ class Device:
             self._pinned.random_(0, 256)
         return self._pinned[:nbytes], self._dev[:nbytes]
 
-    def memcpy(self, dst: torch.Tensor, src: torch.Tensor) -> float:
+    def memcpy(self, dst: torch.Tensor, src: torch.Tensor, *, load: bool = False) -> float:
         """Seconds for one contiguous copy (events on CUDA, wall clock on CPU)."""
         if not self.cuda:
             t0 = time.perf_counter()
             dst.copy_(src)
             return time.perf_counter() - t0
-        # queued as the copier queues a batch, with the same runtime calls: the caller's stream
-        # (held by the gate, if any) is fenced into the copy stream, whose start event then fires
-        # when the fence does; then one cudaMemcpyAsync and the end event
-        rt, stream = self.rt, self.stream.cuda_stream
+        # queued as the copier queues a batch on the copy engines, with the same runtime calls: the
+        # caller's stream (held by the gate, if any) is fenced into the copy stream, whose start
+        # event then fires when the fence does; then one cudaMemcpyAsync and the end event. A load
+        # from a stream of the caller's own goes onto that stream itself, start event and all, as
+        # the copier's do (so both windows hold the same hand-over from the gate to the copy engine)
+        rt = self.rt
+        caller = torch.cuda.current_stream(self.device).cuda_stream
         self.hold()
-        rt.record(self._fence, torch.cuda.current_stream(self.device).cuda_stream)
-        rt.wait(stream, self._fence)
+        if load and caller:
+            stream = caller
+        else:
+            stream = self.stream.cuda_stream
+            rt.record(self._fence, caller)
+            rt.wait(stream, self._fence)
         rt.record(self._start, stream)
         rt.memcpy(dst.data_ptr(), src.data_ptr(), dst.numel() * dst.element_size(), stream)
         rt.record(self._end, stream)
@@ -365,7 +372,7 @@ class Bench:
             save_dev = finish(self.dev, copier, copies)
             if not torch.equal(check_rows.index_select(0, index), expected[which]):
                 raise SystemExit(f"save bytes differ: width {width} {entry} {layout} batch {batch}")
-            h2d = dev.memcpy(devbuf, pinned)
+            h2d = dev.memcpy(devbuf, pinned, load=True)
             loads = [PlannedCopy(next(self.tickets), f"e{i}", ext, rows) for i, ext in enumerate(placement)]
             dev.sync()
             dev.hold()
