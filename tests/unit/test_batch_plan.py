@@ -9,6 +9,7 @@ nothing else touched. Needs a C compiler, as the engine does (skipped with the r
 from __future__ import annotations
 
 import ctypes
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -21,7 +22,10 @@ from ec_connector.domain.blocks import Extent
 from ec_connector.domain.errors import LayoutMismatch
 from ec_connector.domain.transfers import PlannedCopy
 
-pytestmark = pytest.mark.skipif(native.compiler() is None, reason="needs a C compiler (cc, gcc or clang)")
+pytestmark = pytest.mark.skipif(
+    native.compiler() is None or native.python_headers() is None,
+    reason="needs a C compiler (cc, gcc or clang) and Python's headers, as Triton does",
+)
 
 NUM_BLOCKS = 512
 ROW = 48  # bytes per block: words of 8 and 16-byte accesses both occur
@@ -307,6 +311,33 @@ def test_batches_larger_than_the_workspace_grow_it() -> None:
     plan = planner.load(copies, 1 << 20)
     assert plan.kernel == 3000 and plan.kernel_rows == 3000
     assert planner.load(copies[:0], 1 << 20).total_rows == 0
+    # more copies than the planner has room for, each of several runs
+    many = [PlannedCopy(i + 1, f"k{i}", (Extent(6 * i, 2), Extent(6 * i + 3, 2)), 4) for i in range(300)]
+    plan = planner.load(many, 1 << 20)
+    assert (plan.total_rows, plan.kernel) == (1200, 600)
+    assert planner.load(many[:2], 1 << 20).kernel == 4, "a small batch after the growth"
+
+
+def test_values_of_the_wrong_kind_are_named_and_nothing_is_planned() -> None:
+    """The C reads the copies themselves: what is not a copy's packed extents, rows or a save's
+    per-copy pointer raises a TypeError naming it (through ctypes, with the GIL held)."""
+    planner = Host().planner(big_rows=None)
+    good = PlannedCopy(1, "good", (Extent(0, 4),), 4)
+    with pytest.raises(TypeError, match="copy 1's packed extents are not int64"):
+        planner.load([good, SimpleNamespace(packed=[0, 4], rows=4)], 1 << 20)
+    with pytest.raises(TypeError, match="copy 0's packed extents are not int64"):
+        planner.load([SimpleNamespace(packed=b"\0" * 15, rows=4)], 1 << 20)
+    with pytest.raises(TypeError):
+        planner.load([SimpleNamespace(packed=good.packed, rows="4")], 1 << 20)
+    with pytest.raises(AttributeError):
+        planner.load([SimpleNamespace(rows=4)], 1 << 20)
+    with pytest.raises(TypeError, match="must be a list or a tuple"):
+        planner.load(good, 1 << 20)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="pointers and offsets must be lists of 1 ints, one per copy"):
+        planner.save([good], [1 << 20, 1 << 21], [0, 0], 1)
+    with pytest.raises(TypeError):
+        planner.save([good], ["far"], [0], 1)  # type: ignore[list-item]
+    assert planner.load([good], 1 << 20).total_rows == 4, "the planner still plans after each"
 
 
 def test_the_access_width_rule_is_the_one_each_plan_applies() -> None:

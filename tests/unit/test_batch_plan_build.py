@@ -74,3 +74,17 @@ def test_a_changed_local_header_rebuilds_the_library_that_includes_it(
     assert [native.local_headers(s) for s in (batchplan.SOURCE, launcher.SOURCE)] == [
         [batchplan.SOURCE.with_name("queue.h")]
     ] * 2
+
+
+@pytest.mark.skipif(native.compiler() is None, reason="needs a C compiler (cc, gcc or clang)")
+def test_a_library_built_against_pythons_headers_is_cached_apart_and_missing_headers_are_named(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("EC_CONNECTOR_CACHE", str(tmp_path / "cache"))
+    source = tmp_path / "helper.c"
+    source.write_text("#include <stdint.h>\nint64_t value(void) { return 1; }\n")
+    if native.python_headers() is not None:
+        assert native.build(source, "a helper", python=True) != native.build(source, "a helper")
+    monkeypatch.setattr(native, "python_headers", lambda: None)
+    with pytest.raises(ECConnectorError, match="builds a helper \\(helper.c\\) against Python's C headers"):
+        native.build(source, "a helper", python=True)

@@ -2,14 +2,19 @@
  * out the copy-engine copies and the copy kernel's runs, in one call with no allocation.
  *
  * The Python it replaces (numpy over the whole batch) cost 20-60 µs per batch of 32 entries on the
- * engine's step thread; this costs well under a microsecond per run. Loaded with ctypes
- * (batchplan.py), so it needs no Python headers; built on first use with the C compiler that
- * Triton's own launchers need on any CUDA machine.
+ * engine's step thread; this costs well under a microsecond per run. `ec_plan_copies` reads the
+ * batch from the copies themselves (their `packed` extents and `rows`), so the step thread builds
+ * no list, buffer or array for it. Built on first use with the C compiler and against the Python
+ * headers that Triton's own launchers need on any CUDA machine; loaded with ctypes.PyDLL (the GIL
+ * held, as the Python API needs) by batchplan.py.
  *
  * Units: blocks (region rows) for starts and lengths, bytes for addresses and sizes. A copy's
  * runs are its entry's extents, (start, length) int64 pairs, the copies' pairs back to back.
  */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
 #include <stdint.h>
+#include <string.h>
 
 #include "queue.h"
 
@@ -22,7 +27,12 @@ enum {
     /* ec_plan_queue's: the driver (an ec_driver_t's address) and the batch attributes of loads and
      * saves, set once; the streams and events of each batch, set per call */
     IN_DRIVER, IN_LOAD_ATTRS, IN_SAVE_ATTRS, IN_CALLER, IN_STREAM, IN_FENCE, IN_START, IN_END,
-    IO_SLOTS = 40
+    /* ec_plan_copies': where the workspace and the scratch are, how many copies the scratch holds,
+     * the short-run allowances (IN_FEW_SHORT is the larger of IN_FEW_SHORT_MIN and
+     * IN_SHORT_PER_COPY per copy), and the room a batch needed when it did not fit */
+    IN_WORKSPACE, IN_SCRATCH, IN_SCRATCH_COPIES, IN_FEW_SHORT_MIN, IN_SHORT_PER_COPY,
+    OUT_NEED_RUNS, OUT_NEED_COPIES,
+    IO_SLOTS = 48
 };
 
 /* the workspace: SECTIONS int64 columns of IN_CAPACITY values each, in this order; the joined runs
@@ -65,7 +75,7 @@ void ec_plan_access(int64_t align, int64_t *out) {
  * IN_DENSE. Returns OK or the first problem (OUT_BAD_COPY names the copy); on a problem nothing
  * but io[] is meaningful. The caller makes the workspace SECTIONS * IN_CAPACITY values long and
  * IN_CAPACITY at least IN_RUNS. */
-int64_t ec_plan_batch(int64_t *restrict io, int64_t *restrict ws, const int64_t *restrict packed,
+static int64_t ec_plan_batch(int64_t *restrict io, int64_t *restrict ws, const int64_t *restrict packed,
                       const int64_t *restrict rows, const int64_t *restrict counts,
                       const int64_t *restrict pointers, const int64_t *restrict offsets) {
     const int64_t n_copies = io[IN_COPIES], n_runs = io[IN_RUNS], cap = io[IN_CAPACITY];
@@ -217,7 +227,7 @@ int64_t ec_plan_batch(int64_t *restrict io, int64_t *restrict ws, const int64_t 
  * runs is only planned: the kernel is launched from Python); a failing CUDA call leaves its
  * EC_CALL_* in OUT_CALL and its error in OUT_CUDA_ERROR, and the calls after it are not made.
  * Returns what ec_plan_batch returns. */
-int64_t ec_plan_queue(int64_t *restrict io, int64_t *restrict ws, const int64_t *restrict packed,
+static int64_t ec_plan_queue(int64_t *restrict io, int64_t *restrict ws, const int64_t *restrict packed,
                       const int64_t *restrict rows, const int64_t *restrict counts,
                       const int64_t *restrict pointers, const int64_t *restrict offsets) {
     io[OUT_QUEUED] = 0;
@@ -248,4 +258,83 @@ int64_t ec_plan_queue(int64_t *restrict io, int64_t *restrict ws, const int64_t 
         io[OUT_CUDA_ERROR] = err;
     }
     return OK;
+}
+
+/* The batch `copies` (a list or tuple, or any iterable, of objects with `packed`, their extents as int64 (start,
+ * length) pairs in a bytes object, and `rows`), planned (ec_plan_batch) or, with `queue`, planned and
+ * queued (ec_plan_queue). Saves pass `pointers` and `offsets`, lists of one int per copy; loads None.
+ * The copies' columns go to the scratch at IN_SCRATCH: rows, counts, pointers and offsets of
+ * IN_SCRATCH_COPIES values each, then the runs, IN_CAPACITY pairs. A batch that does not fit
+ * returns BAD_CAPACITY with the room it needs in OUT_NEED_RUNS and OUT_NEED_COPIES; a value of the
+ * wrong type returns -1 with a Python exception set (which ctypes raises). */
+int64_t ec_plan_copies(int64_t *restrict io, PyObject *copies, PyObject *pointers, PyObject *offsets,
+                       int64_t queue) {
+    static PyObject *packed_name, *rows_name;
+    if (!packed_name) {
+        packed_name = PyUnicode_InternFromString("packed");
+        rows_name = PyUnicode_InternFromString("rows");
+        if (!packed_name || !rows_name) return -1;
+    }
+    PyObject *seq = PySequence_Fast(copies, "a batch's copies must be a list or a tuple");
+    if (!seq) return -1;
+    const Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    PyObject **items = PySequence_Fast_ITEMS(seq);
+    const int save = pointers != Py_None;
+    if (save && !(PyList_Check(pointers) && PyList_Check(offsets) && PyList_GET_SIZE(pointers) == n
+                  && PyList_GET_SIZE(offsets) == n)) {
+        PyErr_Format(PyExc_TypeError, "a save's pointers and offsets must be lists of %zd ints, one per copy", n);
+        Py_DECREF(seq);
+        return -1;
+    }
+    const int64_t room = io[IN_SCRATCH_COPIES], cap = io[IN_CAPACITY];
+    int64_t *restrict rows = (int64_t *)(intptr_t)io[IN_SCRATCH];
+    int64_t *restrict counts = rows + room, *restrict at = rows + 2 * room, *restrict off = rows + 3 * room;
+    int64_t *restrict packed = rows + 4 * room;
+    const int fits_copies = n <= room;
+    int64_t runs = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *p = PyObject_GetAttr(items[i], packed_name);
+        if (!p) goto fail;
+        if (!PyBytes_Check(p) || PyBytes_GET_SIZE(p) % 16) {
+            PyErr_Format(PyExc_TypeError, "copy %zd's packed extents are not int64 (start, length) pairs "
+                         "in bytes; build the copy with pack_extents(extents) or without `packed`", i);
+            Py_DECREF(p);
+            goto fail;
+        }
+        const int64_t k = PyBytes_GET_SIZE(p) >> 4;
+        if (fits_copies && runs + k <= cap) memcpy(packed + 2 * runs, PyBytes_AS_STRING(p), (size_t)k * 16);
+        Py_DECREF(p);
+        PyObject *r = PyObject_GetAttr(items[i], rows_name);
+        if (!r) goto fail;
+        const int64_t value = PyLong_AsLongLong(r);
+        Py_DECREF(r);
+        if (value == -1 && PyErr_Occurred()) goto fail;
+        if (fits_copies) {
+            rows[i] = value;
+            counts[i] = k;
+            if (save) {
+                at[i] = PyLong_AsLongLong(PyList_GET_ITEM(pointers, i));
+                off[i] = PyLong_AsLongLong(PyList_GET_ITEM(offsets, i));
+                if (PyErr_Occurred()) goto fail;
+            }
+        }
+        runs += k;
+    }
+    Py_DECREF(seq);
+    if (!fits_copies || runs > cap) {
+        io[OUT_NEED_RUNS] = runs;
+        io[OUT_NEED_COPIES] = n;
+        return BAD_CAPACITY;
+    }
+    io[IN_COPIES] = n;
+    io[IN_RUNS] = runs;
+    const int64_t per_copy = io[IN_SHORT_PER_COPY] * n;
+    io[IN_FEW_SHORT] = per_copy > io[IN_FEW_SHORT_MIN] ? per_copy : io[IN_FEW_SHORT_MIN];
+    int64_t *ws = (int64_t *)(intptr_t)io[IN_WORKSPACE];
+    const int64_t *ptrs = save ? at : NULL, *offs = save ? off : NULL;
+    return queue ? ec_plan_queue(io, ws, packed, rows, counts, ptrs, offs)
+                 : ec_plan_batch(io, ws, packed, rows, counts, ptrs, offs);
+fail:
+    Py_DECREF(seq);
+    return -1;
 }

@@ -1,17 +1,19 @@
-"""The CUDA engine's batch plan, compiled (batchplan.c), loaded with ctypes.
+"""The CUDA engine's batch plan, compiled (batchplan.c), loaded with ctypes.PyDLL.
 
-`BatchPlanner.plan` validates a batch's runs, joins the touching ones, and lays out the copy-engine
-copies and the copy kernel's runs in one C call: what numpy did in 20-60 µs per batch of 32 on the
-engine's step thread. A batch that goes wholly to the copy engines can be queued in the same call
-(`load_queued`/`save_queued`: the stream operations of queue.h), so the step thread pays one ctypes
-call for planning and queueing it. The library is built on first use and cached (native.py).
+`BatchPlanner.load`/`save` validate a batch's runs, join the touching ones, and lay out the
+copy-engine copies and the copy kernel's runs in one C call: what numpy did in 20-60 µs per batch of
+32 on the engine's step thread. A batch that goes wholly to the copy engines can be queued in the
+same call (`load_queued`/`save_queued`: the stream operations of queue.h), so the step thread pays
+one call for planning and queueing it. The C reads the copies themselves (their packed extents and
+rows) and takes its settings from slots of a shared int64 array, so the step thread makes no list,
+buffer or array per batch and passes five arguments. The library is built on first use and cached
+(native.py).
 """
 
 from __future__ import annotations
 
 import ctypes
 import threading
-from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -61,7 +63,14 @@ SOURCE = Path(__file__).with_name("batchplan.c")
     IN_FENCE,
     IN_START,
     IN_END,
-) = range(33)
+    IN_WORKSPACE,
+    IN_SCRATCH,
+    IN_SCRATCH_COPIES,
+    IN_FEW_SHORT_MIN,
+    IN_SHORT_PER_COPY,
+    OUT_NEED_RUNS,
+    OUT_NEED_COPIES,
+) = range(40)
 _OK, _BAD_CAPACITY = 0, 3
 _SECTION_DMA_DST, _SECTION_DMA_SRC, _SECTION_DMA_SIZE, _SECTION_TABLE = range(4)
 _vp = ctypes.c_void_p
@@ -143,8 +152,7 @@ class BatchPlanner:
         driver: tuple[int, int, int] | None = None,
     ) -> None:
         lib = library()
-        self._plan = lib.ec_plan_batch
-        self._plan_queue = lib.ec_plan_queue
+        self._plan = lib.ec_plan_copies
         self._driver = driver is not None
         self._access = lib.ec_plan_access
         self._access_out = np.zeros(2, dtype=np.int64)
@@ -162,15 +170,14 @@ class BatchPlanner:
         io[IN_BIG_ROWS] = -1 if big_rows is None else big_rows
         self._few_runs_load = few_runs
         self._few_runs_save = few_runs if few_runs_save is None else few_runs_save
-        self._few_short = few_short
-        self._short_per_copy = short_per_copy
+        io[IN_FEW_SHORT_MIN] = few_short
+        io[IN_SHORT_PER_COPY] = short_per_copy
         io[IN_MIXED_MIN_RUNS] = mixed_min_runs
         io[IN_BASE_ALIGN] = base_align
         self._io_address = self._io.ctypes.data
         self._capacity = 0
-        self._workspace = np.zeros(0, dtype=np.int64)
-        self._workspace_address = 0
-        self._grow(1024)
+        self._workspace = self._scratch = np.zeros(0, dtype=np.int64)
+        self._grow(1024, 64)
 
     def access(self, align: int) -> tuple[int, int]:
         """(word bytes, words per 16-byte access) the kernel uses for addresses all multiples of
@@ -203,67 +210,46 @@ class BatchPlanner:
         io[IN_SAVE] = 1
         io[IN_FEW_RUNS] = self._few_runs_save
         io[IN_ITEM_BYTES] = item_bytes
-        return self._run(copies, None, array("q", pointers), array("q", offsets), queue)
+        return self._run(copies, pointers, offsets, queue)
 
-    def load_queued(
-        self, copies: Sequence[PlannedCopy], dense: int, queue: Queue | None, rows: list[int] | None = None
-    ) -> BatchPlan | None:
+    def load_queued(self, copies: Sequence[PlannedCopy], dense: int, queue: Queue | None) -> BatchPlan | None:
         """`load`, and a batch wholly on the copy engines queued at once on `queue`, the caller's
-        stream waiting for its end (None then). QueueFailed when a CUDA call fails. `rows`: each
-        copy's rows, where the caller has them already."""
+        stream waiting for its end (None then). QueueFailed when a CUDA call fails."""
         io = self._slots
         io[IN_SAVE] = 0
         io[IN_FEW_RUNS] = self._few_runs_load
         io[IN_DENSE] = dense
-        return self._run(copies, rows, None, None, queue)
+        return self._run(copies, None, None, queue)
 
     def _run(
         self,
         copies: Sequence[PlannedCopy],
-        rows: list[int] | None,
-        pointers: array | None,
-        offsets: array | None,
+        pointers: list[int] | None,
+        offsets: list[int] | None,
         queue: Queue | None,
     ) -> BatchPlan | None:
         """Plan (and with `queue`, queue a batch wholly on the copy engines: None then)."""
-        packs = [c.packed for c in copies]
-        packed = b"".join(packs)
-        n_runs = len(packed) >> 4
-        if n_runs > self._capacity:
-            self._grow(n_runs)
-        per_copy = array("q", [c.rows for c in copies] if rows is None else rows)
-        counts = array("q", [len(p) >> 4 for p in packs])
         io = self._slots
-        io[IN_COPIES] = len(copies)
-        io[IN_FEW_SHORT] = max(self._few_short, self._short_per_copy * len(copies))
-        io[IN_RUNS] = n_runs
-        args = (
-            self._io_address,
-            self._workspace_address,
-            packed,
-            per_copy.buffer_info()[0],
-            counts.buffer_info()[0],
-            None if pointers is None else pointers.buffer_info()[0],
-            None if offsets is None else offsets.buffer_info()[0],
-        )
-        if queue is None:
-            err = self._plan(*args)
-        else:
+        if queue is not None:
             if not self._driver:
                 raise ValueError("this BatchPlanner was built without a driver table; it cannot queue")
             io[IN_CALLER], io[IN_STREAM], io[IN_FENCE], io[IN_START], io[IN_END] = queue
-            err = self._plan_queue(*args)
+        queued = queue is not None
+        err = self._plan(self._io_address, copies, pointers, offsets, queued)
+        if err == _BAD_CAPACITY:  # a batch larger than any before: grow, then plan it again
+            self._grow(io[OUT_NEED_RUNS], io[OUT_NEED_COPIES])
+            err = self._plan(self._io_address, copies, pointers, offsets, queued)
         if err != _OK:
             if err == _BAD_CAPACITY:  # pragma: no cover - grown above
                 raise AssertionError("the batch planner's workspace was not grown")
             raise_for_extents(copies, self._num_blocks)
-        if queue is not None and io[OUT_QUEUED]:
+        if queued and io[OUT_QUEUED]:
             if io[OUT_CUDA_ERROR]:
                 call = QUEUE_CALLS.get(io[OUT_CALL], f"call {io[OUT_CALL]}")
                 raise QueueFailed(call, io[OUT_CUDA_ERROR])
             return None
         total, dma, kernel, kernel_rows, word, vec, delta = io[OUT_TOTAL_ROWS : OUT_DELTA + 1].tolist()
-        at = self._workspace_address
+        at = io[IN_WORKSPACE]
         step = self._capacity * 8
         table = at + _SECTION_TABLE * step
         inline = None
@@ -286,12 +272,19 @@ class BatchPlanner:
             table,
         )
 
-    def _grow(self, runs: int) -> None:
-        capacity = max(1024, 1 << (runs - 1).bit_length())
-        self._workspace = np.zeros(self._sections * capacity, dtype=np.int64)
-        self._workspace_address = self._workspace.ctypes.data
-        self._capacity = capacity
-        self._slots[IN_CAPACITY] = capacity
+    def _grow(self, runs: int, copies: int) -> None:
+        """Room for batches of `runs` runs and `copies` copies (each rounded up to a power of two)."""
+        capacity = max(self._capacity, 1 << max(runs - 1, 0).bit_length())
+        room = max(self._slots[IN_SCRATCH_COPIES], 1 << max(copies - 1, 0).bit_length())
+        io = self._slots
+        if capacity > self._capacity:
+            self._workspace = np.zeros(self._sections * capacity, dtype=np.int64)
+            self._capacity = io[IN_CAPACITY] = capacity
+            io[IN_WORKSPACE] = self._workspace.ctypes.data
+        # the copies' columns (rows, counts, pointers, offsets), then their runs as pairs
+        self._scratch = np.zeros(4 * room + 2 * capacity, dtype=np.int64)
+        io[IN_SCRATCH] = self._scratch.ctypes.data
+        io[IN_SCRATCH_COPIES] = room
 
 
 _library: ctypes.CDLL | None = None
@@ -303,11 +296,11 @@ def library() -> ctypes.CDLL:
     global _library
     with _lock:
         if _library is None:
-            # short pure computation: keeps the GIL
-            lib = ctypes.PyDLL(str(native.build(SOURCE, "the batch planner")))
-            for name in ("ec_plan_batch", "ec_plan_queue"):
-                getattr(lib, name).argtypes = [_vp, _vp, ctypes.c_char_p, _vp, _vp, _vp, _vp]
-                getattr(lib, name).restype = ctypes.c_int64
+            # short pure computation that reads Python objects: keeps the GIL (PyDLL raises what it sets)
+            lib = ctypes.PyDLL(str(native.build(SOURCE, "the batch planner", python=True)))
+            obj = ctypes.py_object
+            lib.ec_plan_copies.argtypes = [_vp, obj, obj, obj, ctypes.c_int64]
+            lib.ec_plan_copies.restype = ctypes.c_int64
             lib.ec_plan_access.argtypes = [ctypes.c_int64, _vp]
             lib.ec_plan_access.restype = None
             for name in ("ec_plan_sections", "ec_plan_io_slots", "ec_plan_inline_runs"):

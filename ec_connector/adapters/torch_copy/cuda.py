@@ -244,7 +244,7 @@ class CudaEngine:
         # cudaMemcpyBatchAsync refuses, it goes to a copy stream behind a fence, joined after.
         queue = Queue(caller, caller or stream.cuda_stream, self._fence, start, end)
         try:
-            plan = self._planner.load_queued(copies, out.data_ptr(), queue, rows)
+            plan = self._planner.load_queued(copies, out.data_ptr(), queue)
         except BaseException as err:
             self._unplanned(events, err, "load")
         if plan is None:  # planned, queued and joined to the caller's stream in one native call

@@ -4,7 +4,9 @@ Each library is built with the C compiler Triton itself needs on a CUDA machine 
 `gcc` or `clang`) and cached per source, compiler and flags under `$EC_CONNECTOR_CACHE` (default
 `~/.cache/ec_connector`, or a directory of the user's own under the temporary directory when the
 home cannot be written); concurrent builds each write their own file and rename it into place.
-They are loaded with ctypes, so they need no Python headers.
+They are loaded with ctypes. One that reads Python objects (`python=True`: the batch planner) is
+built against this interpreter's headers, which Triton's launchers need too, and cached per
+interpreter as well.
 """
 
 from __future__ import annotations
@@ -15,6 +17,8 @@ import platform
 import re
 import shutil
 import subprocess
+import sys
+import sysconfig
 import tempfile
 from pathlib import Path
 
@@ -73,6 +77,12 @@ def cache_dir() -> Path:
     )
 
 
+def python_headers() -> Path | None:
+    """This interpreter's C headers (the directory holding Python.h), or None where not installed."""
+    include = Path(sysconfig.get_paths()["include"])
+    return include if (include / "Python.h").is_file() else None
+
+
 def local_headers(source: Path) -> list[Path]:
     """The headers `source` includes by quoted name from its own directory (part of its cache key:
     a changed header rebuilds every library that includes it)."""
@@ -80,16 +90,30 @@ def local_headers(source: Path) -> list[Path]:
     return [source.with_name(name.decode()) for name in names]
 
 
-def build(source: Path, what: str) -> Path:
-    """The shared library built from `source` (`what` names it in errors), from the cache if there."""
+def build(source: Path, what: str, *, python: bool = False) -> Path:
+    """The shared library built from `source` (`what` names it in errors), from the cache if there;
+    `python`: against this interpreter's headers (a library that reads Python objects)."""
     cc = compiler()
     if cc is None:
         raise ECConnectorError(
             f"TorchCopier on CUDA builds {what} ({source.name}) with a C compiler, as Triton builds "
             "its launchers, and found none: install gcc or clang, or name one in $CC"
         )
+    flags = list(FLAGS)
+    if python:
+        include = python_headers()
+        if include is None:
+            raise ECConnectorError(
+                f"TorchCopier on CUDA builds {what} ({source.name}) against Python's C headers, as "
+                f"Triton builds its launchers, and found no Python.h in "
+                f"{sysconfig.get_paths()['include']}: install this Python's development headers "
+                "(python3-dev or python3-devel)"
+            )
+        flags += ["-I", str(include)]
     text = source.read_bytes() + b"".join(header.read_bytes() for header in local_headers(source))
-    key = hashlib.sha256(text + cc.encode() + " ".join(FLAGS).encode() + platform.machine().encode())
+    interpreter = (sys.version + str(sysconfig.get_config_var("SOABI"))) if python else ""
+    setting = cc + " ".join(flags) + platform.machine() + interpreter
+    key = hashlib.sha256(text + setting.encode())
     cache = cache_dir()
     target = cache / f"{source.stem}-{key.hexdigest()[:16]}.so"
     if target.exists():
@@ -97,7 +121,7 @@ def build(source: Path, what: str) -> Path:
     fd, partial = tempfile.mkstemp(prefix=target.stem, suffix=".so.partial", dir=cache)
     os.close(fd)
     try:
-        command = [cc, *FLAGS, "-o", partial, str(source)]
+        command = [cc, *flags, "-o", partial, str(source)]
         done = subprocess.run(command, capture_output=True, text=True, check=False)
         if done.returncode != 0:
             raise ECConnectorError(
