@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from ec_connector.adapters.torch_copy import native
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -153,6 +155,22 @@ def test_copy_plot_from_a_real_cpu_run(tmp_path):
     assert all(row["save_gbs"] > 0 and row["load_gbs"] > 0 for row in result["rows"])
     plots.copy(result, tmp_path / "copy.png")
     assert (tmp_path / "copy.png").read_bytes().startswith(b"\x89PNG")
+
+
+@pytest.mark.skipif(
+    native.compiler() is None or native.python_headers() is None,
+    reason="needs a C compiler and Python's headers, as the CUDA engine's planner does",
+)
+def test_the_plan_call_bench_times_real_planner_calls_against_a_no_op_runtime(tmp_path):
+    sys.path.insert(0, str(ROOT))
+    from bench import plan_call
+
+    plan_call.main(["--iters", "20", "--sweep-mib", "1", "--json", str(tmp_path / "plan.json")])
+    result = json.loads((tmp_path / "plan.json").read_text())
+    assert set(result) == set(plan_call.ENTRIES)
+    for timings in result.values():
+        assert set(timings) == {"load warm", "load cold", "save warm", "save cold"}
+        assert all(0 < t["p10_us"] <= t["median_us"] for t in timings.values())
 
 
 def test_aging_bench_shows_the_run_floor_keeping_a_full_tables_entries_in_long_runs():
