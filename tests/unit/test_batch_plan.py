@@ -335,8 +335,9 @@ def test_values_of_the_wrong_kind_are_named_and_nothing_is_planned() -> None:
         planner.load(good, 1 << 20)  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="pointers and offsets must be lists of 1 ints, one per copy"):
         planner.save([good], [1 << 20, 1 << 21], [0, 0], 1)
-    with pytest.raises(TypeError):
+    with pytest.raises(TypeError, match="copy 0's payload pointer and offset must be ints"):
         planner.save([good], ["far"], [0], 1)  # type: ignore[list-item]
+    assert planner.load(iter([good]), 1 << 20).total_rows == 4, "any iterable of copies is taken"  # type: ignore[arg-type]
     assert planner.load([good], 1 << 20).total_rows == 4, "the planner still plans after each"
 
 

@@ -260,7 +260,7 @@ static int64_t ec_plan_queue(int64_t *restrict io, int64_t *restrict ws, const i
     return OK;
 }
 
-/* The batch `copies` (a list or tuple, or any iterable, of objects with `packed`, their extents as int64 (start,
+/* The batch `copies` (a tuple or list, or any iterable, of objects with `packed`, their extents as int64 (start,
  * length) pairs in a bytes object, and `rows`), planned (ec_plan_batch) or, with `queue`, planned and
  * queued (ec_plan_queue). Saves pass `pointers` and `offsets`, lists of one int per copy; loads None.
  * The copies' columns go to the scratch at IN_SCRATCH: rows, counts, pointers and offsets of
@@ -275,10 +275,18 @@ int64_t ec_plan_copies(int64_t *restrict io, PyObject *copies, PyObject *pointer
         rows_name = PyUnicode_InternFromString("rows");
         if (!packed_name || !rows_name) return -1;
     }
-    PyObject *seq = PySequence_Fast(copies, "a batch's copies must be a list or a tuple");
-    if (!seq) return -1;
-    const Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
-    PyObject **items = PySequence_Fast_ITEMS(seq);
+    /* a tuple (StepPlan's) is taken as it is; anything else is copied into one, so that nothing an
+     * attribute read runs can change the batch under the loop */
+    PyObject *seq = PyTuple_Check(copies) ? (Py_INCREF(copies), copies) : PySequence_Tuple(copies);
+    if (!seq) {
+        if (PyErr_ExceptionMatches(PyExc_TypeError)) {
+            PyErr_Clear();
+            PyErr_SetString(PyExc_TypeError, "a batch's copies must be a list or a tuple");
+        }
+        return -1;
+    }
+    const Py_ssize_t n = PyTuple_GET_SIZE(seq);
+    PyObject **items = &PyTuple_GET_ITEM(seq, 0);
     const int save = pointers != Py_None;
     if (save && !(PyList_Check(pointers) && PyList_Check(offsets) && PyList_GET_SIZE(pointers) == n
                   && PyList_GET_SIZE(offsets) == n)) {
@@ -313,8 +321,13 @@ int64_t ec_plan_copies(int64_t *restrict io, PyObject *copies, PyObject *pointer
             rows[i] = value;
             counts[i] = k;
             if (save) {
-                at[i] = PyLong_AsLongLong(PyList_GET_ITEM(pointers, i));
-                off[i] = PyLong_AsLongLong(PyList_GET_ITEM(offsets, i));
+                PyObject *a = PyList_GET_ITEM(pointers, i), *o = PyList_GET_ITEM(offsets, i);
+                if (!PyLong_Check(a) || !PyLong_Check(o)) { /* exact ints: no __index__ to run */
+                    PyErr_Format(PyExc_TypeError, "copy %zd's payload pointer and offset must be ints", i);
+                    goto fail;
+                }
+                at[i] = PyLong_AsLongLong(a);
+                off[i] = PyLong_AsLongLong(o);
                 if (PyErr_Occurred()) goto fail;
             }
         }
