@@ -554,6 +554,17 @@ def summary(rows: list[Row]) -> list[str]:
     return lines
 
 
+def add_stream_option(parser: argparse.ArgumentParser) -> None:
+    """`--stream own|default`: where the copier's caller runs (the CUDA benches share it)."""
+    parser.add_argument(
+        "--stream",
+        choices=("own", "default"),
+        default="own",
+        help="the caller's stream: one of its own, as vLLM's model runner has (default), or the "
+        "legacy default stream",
+    )
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -582,13 +593,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=0.0,
         help="hold the stream this long before each timed copy so events time device work only (CUDA)",
     )
-    parser.add_argument(
-        "--stream",
-        choices=("own", "default"),
-        default="own",
-        help="the caller's stream: one of its own, as vLLM's model runner has (default), or the "
-        "legacy default stream",
-    )
+    add_stream_option(parser)
     parser.add_argument("--json", type=Path, default=None, help="write every number here")
     args = parser.parse_args(argv)
     args.entries = tuple(args.entries or (("64rows", "1MiB") if args.quick else ENTRIES))

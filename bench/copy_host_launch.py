@@ -45,7 +45,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.copy_bandwidth import aged, scattered  # noqa: E402
+from bench.copy_bandwidth import add_stream_option, aged, scattered  # noqa: E402
 from ec_connector.adapters.memory import MemoryRegion  # noqa: E402
 from ec_connector.adapters.torch_copy import TorchCopier  # noqa: E402
 from ec_connector.adapters.torch_copy.batchplan import BatchPlan, BatchPlanner  # noqa: E402
@@ -382,13 +382,7 @@ def main(argv: list[str] | None = None) -> None:
         default=None,
         help="time only the cases whose name contains this text (repeatable)",
     )
-    parser.add_argument(
-        "--stream",
-        choices=("own", "default"),
-        default="own",
-        help="the callers' stream: one of their own, as vLLM's model runner has (default), or the "
-        "legacy default stream",
-    )
+    add_stream_option(parser)
     args = parser.parse_args(argv)
     dma_min = None if args.dma_min_bytes.lower() == "none" else int(args.dma_min_bytes)
     if not torch.cuda.is_available():
