@@ -76,8 +76,8 @@ void ec_plan_access(int64_t align, int64_t *out) {
  * but io[] is meaningful. The caller makes the workspace SECTIONS * IN_CAPACITY values long and
  * IN_CAPACITY at least IN_RUNS. */
 static int64_t ec_plan_batch(int64_t *restrict io, int64_t *restrict ws, const int64_t *restrict packed,
-                      const int64_t *restrict rows, const int64_t *restrict counts,
-                      const int64_t *restrict pointers, const int64_t *restrict offsets) {
+                             const int64_t *restrict rows, const int64_t *restrict counts,
+                             const int64_t *restrict pointers, const int64_t *restrict offsets) {
     const int64_t n_copies = io[IN_COPIES], n_runs = io[IN_RUNS], cap = io[IN_CAPACITY];
     const int64_t num_blocks = io[IN_NUM_BLOCKS], rb = io[IN_ROW_BYTES], host = io[IN_HOST];
     const int64_t big = io[IN_BIG_ROWS], save = io[IN_SAVE], dense = io[IN_DENSE];
@@ -228,8 +228,8 @@ static int64_t ec_plan_batch(int64_t *restrict io, int64_t *restrict ws, const i
  * EC_CALL_* in OUT_CALL and its error in OUT_CUDA_ERROR, and the calls after it are not made.
  * Returns what ec_plan_batch returns. */
 static int64_t ec_plan_queue(int64_t *restrict io, int64_t *restrict ws, const int64_t *restrict packed,
-                      const int64_t *restrict rows, const int64_t *restrict counts,
-                      const int64_t *restrict pointers, const int64_t *restrict offsets) {
+                             const int64_t *restrict rows, const int64_t *restrict counts,
+                             const int64_t *restrict pointers, const int64_t *restrict offsets) {
     io[OUT_QUEUED] = 0;
     io[OUT_CALL] = 0;
     io[OUT_CUDA_ERROR] = 0;
@@ -260,13 +260,14 @@ static int64_t ec_plan_queue(int64_t *restrict io, int64_t *restrict ws, const i
     return OK;
 }
 
-/* The batch `copies` (a tuple or list, or any iterable, of objects with `packed`, their extents as int64 (start,
- * length) pairs in a bytes object, and `rows`), planned (ec_plan_batch) or, with `queue`, planned and
- * queued (ec_plan_queue). Saves pass `pointers` and `offsets`, lists of one int per copy; loads None.
- * The copies' columns go to the scratch at IN_SCRATCH: rows, counts, pointers and offsets of
- * IN_SCRATCH_COPIES values each, then the runs, IN_CAPACITY pairs. A batch that does not fit
- * returns BAD_CAPACITY with the room it needs in OUT_NEED_RUNS and OUT_NEED_COPIES; a value of the
- * wrong type returns -1 with a Python exception set (which ctypes raises). */
+/* The batch `copies` (a tuple, list or other iterable of objects with `packed`, their extents as
+ * int64 (start, length) pairs in a bytes object, and `rows`), planned (ec_plan_batch) or, with
+ * `queue`, planned and queued (ec_plan_queue). Saves pass `pointers` and `offsets`, lists of one
+ * int per copy; loads None. The copies' columns go to the scratch at IN_SCRATCH: rows, counts,
+ * pointers and offsets of IN_SCRATCH_COPIES values each, then the runs, IN_CAPACITY pairs. A batch
+ * that does not fit returns BAD_CAPACITY with the room it needs in OUT_NEED_RUNS and
+ * OUT_NEED_COPIES; a value of the wrong type returns -1 with a Python exception set (which ctypes
+ * raises). */
 int64_t ec_plan_copies(int64_t *restrict io, PyObject *copies, PyObject *pointers, PyObject *offsets,
                        int64_t queue) {
     static PyObject *packed_name, *rows_name;
@@ -281,7 +282,8 @@ int64_t ec_plan_copies(int64_t *restrict io, PyObject *copies, PyObject *pointer
     if (!seq) {
         if (PyErr_ExceptionMatches(PyExc_TypeError)) {
             PyErr_Clear();
-            PyErr_SetString(PyExc_TypeError, "a batch's copies must be a list or a tuple");
+            PyErr_SetString(PyExc_TypeError,
+                            "a batch's copies must be a list or a tuple (or another iterable)");
         }
         return -1;
     }
@@ -290,7 +292,8 @@ int64_t ec_plan_copies(int64_t *restrict io, PyObject *copies, PyObject *pointer
     const int save = pointers != Py_None;
     if (save && !(PyList_Check(pointers) && PyList_Check(offsets) && PyList_GET_SIZE(pointers) == n
                   && PyList_GET_SIZE(offsets) == n)) {
-        PyErr_Format(PyExc_TypeError, "a save's pointers and offsets must be lists of %zd ints, one per copy", n);
+        PyErr_Format(PyExc_TypeError,
+                     "a save's pointers and offsets must be lists of %zd ints, one per copy", n);
         Py_DECREF(seq);
         return -1;
     }

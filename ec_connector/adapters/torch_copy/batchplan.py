@@ -153,7 +153,6 @@ class BatchPlanner:
     ) -> None:
         lib = library()
         self._plan = lib.ec_plan_copies
-        self._driver = driver is not None
         self._access = lib.ec_plan_access
         self._access_out = np.zeros(2, dtype=np.int64)
         self._sections = int(lib.ec_plan_sections())
@@ -231,7 +230,7 @@ class BatchPlanner:
         """Plan (and with `queue`, queue a batch wholly on the copy engines: None then)."""
         io = self._slots
         if queue is not None:
-            if not self._driver:
+            if not io[IN_DRIVER]:
                 raise ValueError("this BatchPlanner was built without a driver table; it cannot queue")
             io[IN_CALLER], io[IN_STREAM], io[IN_FENCE], io[IN_START], io[IN_END] = queue
         queued = queue is not None
