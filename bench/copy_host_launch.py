@@ -17,14 +17,18 @@ thread drives it (bind the step's plan, `save` per item then `flush`; or `start_
 the per-item checks and the bookkeeping around the copier. Saves are timed twice, in turn: with the
 save launcher (a native thread hands copy-engine batches to the driver; producers' default) and
 with the step thread making the driver call itself (`save_launcher=False`, the baseline and the
-default of roles that load; "inline" columns). The launcher's driver work still runs beside
-whatever the step thread does next: CUDA calls made at once wait for it (docs/benchmarks.md,
-session 12).
+default of roles that load; "inline" columns). Loads are timed twice too: the step thread queuing
+them ("load") and the launcher's thread ("launched": `load_launcher=True`, the caller's stream
+waiting for a word the launcher's stream writes after the copies). The launcher's driver work still
+runs beside whatever the step thread does next: CUDA calls made at once wait for it
+(docs/benchmarks.md, sessions 12 and 16).
 
     python bench/copy_host_launch.py              # needs CUDA
     python bench/copy_host_launch.py --iters 500 --json host.json
     python bench/copy_host_launch.py --passes 3   # and the lowest of three medians per case
     python bench/copy_host_launch.py --only aged --only "1 run"   # only the cases so named
+    python bench/copy_host_launch.py --period-ms 12   # a call every 12 ms, as once per engine step
+    python bench/copy_host_launch.py --period-ms 12 --preamble 6   # after a step's input copies
     python bench/copy_host_launch.py --dma-min-bytes none   # every run through the copy kernel
 """
 
@@ -124,13 +128,60 @@ def percentiles(xs: list[float]) -> dict[str, float]:
     }
 
 
+class Pacer:
+    """Starts each timed call `period` seconds after the previous one started, spinning in Python
+    until then (0: at once, right after the previous call's copies ended), after `preamble` small
+    host-to-device copies on the caller's stream (untimed), as vLLM's `_prepare_inputs` makes just
+    before a step's loads (input ids, positions, sequence lengths: `copy_to_gpu`).
+
+    A launch's host time depends on what the host did before it: after the ~10 ms wait for a batch
+    of 32 x 16 MiB it read up to 2x what it read after the ~0.6 ms wait for 32 x 1 MiB, with the same
+    copies, and 12 ms of spinning first raised even the driver's own call 1-5x (docs/benchmarks.md,
+    sessions 14 and 16). A period longer than the largest batch's copy gives every case the same time
+    since its previous call, as a step thread that loads once per engine step has.
+    """
+
+    def __init__(self, period: float, preamble: int = 0) -> None:
+        self.period = period
+        self._due = 0.0
+        self._inputs = [
+            (
+                torch.zeros(1024, dtype=torch.int32, pin_memory=True),
+                torch.zeros(1024, dtype=torch.int32, device="cuda"),
+            )
+            for _ in range(preamble)
+        ]
+
+    def start(self) -> float:
+        """Wait for the next call's turn, make the preamble's copies; returns the call's start
+        (`time.perf_counter()`)."""
+        now = time.perf_counter()
+        while now < self._due:
+            now = time.perf_counter()
+        for host, device in self._inputs:
+            device.copy_(host, non_blocking=True)
+        now = time.perf_counter()
+        self._due = now + self.period
+        return now
+
+
 def measure(
-    name: str, width: int, rows: int, extents: list, blocks: int, iters: int, dma_min_bytes: int | None
+    name: str,
+    width: int,
+    rows: int,
+    extents: list,
+    blocks: int,
+    iters: int,
+    dma_min_bytes: int | None,
+    pacer: Pacer,
 ) -> dict:
     layout = Layout(hidden_dim=width, dtype="bfloat16", num_blocks=blocks)
     region = MemoryRegion(layout)
-    copier = TorchCopier(region, device="cuda", dma_min_bytes=dma_min_bytes, save_launcher=True)
-    inline = TorchCopier(region, device="cuda", dma_min_bytes=dma_min_bytes, save_launcher=False)
+    # the launcher's thread queues the copy-engine batches of `copier`, the step thread those of `inline`
+    copier = TorchCopier(
+        region, device="cuda", dma_min_bytes=dma_min_bytes, save_launcher=True, load_launcher=True
+    )
+    inline = TorchCopier(region, device="cuda", dma_min_bytes=dma_min_bytes)
     if name.endswith("one output"):
         payloads = list(torch.randn(rows * len(extents), width, device="cuda").to(torch.bfloat16).split(rows))
     else:
@@ -142,9 +193,10 @@ def measure(
     cache = {f"k{i}": p for i, p in enumerate(payloads)}
 
     def host_time(launch: Callable[[], object], settle: Callable[[], object]) -> float:
-        """Host seconds of `launch()` on an idle device; then wait for the device and `settle()`."""
+        """Host seconds of `launch()` on an idle device, started at the pacer's turn; then wait for the
+        device and `settle()`."""
         torch.cuda.synchronize()
-        t0 = time.perf_counter()
+        t0 = pacer.start()
         launch()
         dt = time.perf_counter() - t0
         torch.cuda.synchronize()
@@ -177,12 +229,12 @@ def measure(
     # launch's.
     loaded: list = []
 
-    def load() -> float:
+    def load(by: TorchCopier = inline) -> float:
         copies = [PlannedCopy(next(tickets), "k", e, rows) for e in extents]
         loaded.clear()
 
         def launch() -> None:
-            loaded[:] = copier.load(copies)
+            loaded[:] = by.load(copies)
 
         return host_time(launch, settle_copier)
 
@@ -203,13 +255,13 @@ def measure(
 
     encoder_cache: dict = {}
 
-    def worker_load() -> float:
+    def worker_load(by: TierWorker = inline_worker) -> float:
         plan = StepPlan(loads=keyed())
         encoder_cache.clear()
 
         def launch() -> None:
-            worker.bind(plan)
-            worker.start_loads(encoder_cache)
+            by.bind(plan)
+            by.start_loads(encoder_cache)
 
         return host_time(launch, settle_worker)
 
@@ -255,11 +307,13 @@ def measure(
         "save": save,
         "save_inline": lambda: save(inline),
         "load": load,
+        "load_launched": lambda: load(copier),
     }
     worker_calls: dict[str, Callable[[], float]] = {
         "worker_save": worker_save,
         "worker_save_inline": lambda: worker_save(inline_worker),
         "worker_load": worker_load,
+        "worker_load_launched": lambda: worker_load(worker),
     }
     for prefix, calls in (("", copier_calls), ("worker_", worker_calls)):  # the driver's, in turn with each
         if load_driver is not None:
@@ -278,7 +332,7 @@ def measure(
     result["bytes_ok"] = True
     for by in (inline, copier):
         save(by)
-        load()
+        load(by)
         result["bytes_ok"] &= all(torch.equal(a, b) for a, b in zip(loaded, payloads, strict=True))
     copies = [PlannedCopy(next(tickets), "k", e, rows) for e in extents]
     row_bytes = layout.block_size_bytes
@@ -303,7 +357,7 @@ def measure(
     return result
 
 
-def floor_costs(iters: int) -> dict[str, float]:
+def floor_costs(iters: int, pacer: Pacer) -> dict[str, float]:
     """Host time of the parts that are not our code: the driver's copy submission, torch's split."""
     from ec_connector.adapters.torch_copy.cudart import runtime
 
@@ -318,7 +372,7 @@ def floor_costs(iters: int) -> dict[str, float]:
     xs = []
     for _ in range(iters):
         torch.cuda.synchronize()
-        t0 = time.perf_counter()
+        t0 = pacer.start()
         rt.memcpy_many(dsts, srcs, sizes, stream.cuda_stream)
         xs.append(time.perf_counter() - t0)
     out = {"cudaMemcpyBatchAsync of 32 x 448 KiB": statistics.median(xs) * 1e6}
@@ -334,7 +388,7 @@ def floor_costs(iters: int) -> dict[str, float]:
         xs = []
         for _ in range(max(10, iters // 10)):
             torch.cuda.synchronize()
-            t0 = time.perf_counter()
+            t0 = pacer.start()
             rt.memcpy_many(dsts, srcs, sizes, stream.cuda_stream)
             xs.append(time.perf_counter() - t0)
         out[f"cudaMemcpyBatchAsync of {label}"] = statistics.median(xs) * 1e6
@@ -382,6 +436,20 @@ def main(argv: list[str] | None = None) -> None:
         default=None,
         help="time only the cases whose name contains this text (repeatable)",
     )
+    parser.add_argument(
+        "--period-ms",
+        type=float,
+        default=0.0,
+        help="start each timed call this long after the previous one (default 0: at once); 12 gives "
+        "every case the time since its previous call that 32 x 16 MiB copies take",
+    )
+    parser.add_argument(
+        "--preamble",
+        type=int,
+        default=0,
+        help="make this many 4 KiB host-to-device copies (untimed) right before each timed call, as "
+        "vLLM's _prepare_inputs does before a step's loads (default 0)",
+    )
     add_stream_option(parser)
     args = parser.parse_args(argv)
     dma_min = None if args.dma_min_bytes.lower() == "none" else int(args.dma_min_bytes)
@@ -393,8 +461,11 @@ def main(argv: list[str] | None = None) -> None:
     print(
         f"# {torch.cuda.get_device_name()} torch {torch.__version__}; "
         f"batch of {BATCH} entries, {args.iters} calls, dma_min_bytes {dma_min}, "
-        f"callers on {'a stream of their own' if args.stream == 'own' else 'the legacy default stream'}"
+        f"callers on {'a stream of their own' if args.stream == 'own' else 'the legacy default stream'}, "
+        f"{f'a call every {args.period_ms:g} ms' if args.period_ms else 'each call right after the last'}"
+        f"{f', {args.preamble} input copies before each' if args.preamble else ''}"
     )
+    pacer = Pacer(args.period_ms / 1e3, args.preamble)
     passes: list[list[dict]] = []
     floors: dict[str, float] = {}
     own = torch.cuda.Stream() if args.stream == "own" else torch.cuda.default_stream()
@@ -409,11 +480,11 @@ def main(argv: list[str] | None = None) -> None:
                 print(f"# pass {k + 1} of {args.passes}", flush=True)
             rows = []
             for name, width, n_rows, extents, blocks in layouts:
-                r = measure(name, width, n_rows, extents, blocks, args.iters, dma_min)
+                r = measure(name, width, n_rows, extents, blocks, args.iters, dma_min, pacer)
                 rows.append(r)
                 print_case(r)
             passes.append(rows)
-            floors = floor_costs(args.iters)
+            floors = floor_costs(args.iters, pacer)
             for what, us in floors.items():
                 print(f"  not ours: {what:40s} {us:6.1f} us", flush=True)
     if args.passes > 1:
@@ -421,7 +492,17 @@ def main(argv: list[str] | None = None) -> None:
     if not all(r["bytes_ok"] for rows in passes for r in rows):
         sys.exit("bytes differ after a copy")
     if args.json:
-        args.json.write_text(json.dumps({"passes": passes, "floors_us": floors}, indent=2))
+        args.json.write_text(
+            json.dumps(
+                {
+                    "period_ms": args.period_ms,
+                    "preamble": args.preamble,
+                    "passes": passes,
+                    "floors_us": floors,
+                },
+                indent=2,
+            )
+        )
 
 
 def print_case(r: dict) -> None:
@@ -429,11 +510,17 @@ def print_case(r: dict) -> None:
         return f"{label} {t['median_us']:7.1f} us ({t['p10_us']:.0f}-{t['p90_us']:.0f})"
 
     def line(head: str, prefix: str, tail: str) -> None:
-        """The launcher's save, the step thread's ("inline") and their ratio, the load, `tail`."""
+        """The launcher's save, the step thread's ("inline") and their ratio, the step thread's load,
+        the launcher's ("launched") and their ratio, `tail`."""
         save, inline, load = r[f"{prefix}save"], r[f"{prefix}save_inline"], r[f"{prefix}load"]
-        ratio = save["median_us"] / inline["median_us"]
+        launched = r[f"{prefix}load_launched"]
+        ratio, by_launcher = (
+            save["median_us"] / inline["median_us"],
+            launched["median_us"] / load["median_us"],
+        )
         saves = f"{cell('save', save)}  {cell('inline', inline)} x{ratio:.2f}"
-        print(f"{head}{saves}  {cell('load', load)}{tail}", flush=True)
+        loads = f"{cell('load', load)}  {cell('launched', launched)} x{by_launcher:.2f}"
+        print(f"{head}{saves}  {loads}{tail}", flush=True)
 
     line(
         f"{r['case']:36s} runs {r['runs']:5d}  ",
@@ -468,7 +555,16 @@ def print_best(passes: list[list[dict]]) -> None:
     """Per case and call, the lowest of the passes' medians and the highest: the host's load drifts
     over minutes on the GPU machine, and the lowest median is the code's cost at its quietest."""
     print(f"# best of {len(passes)} passes: lowest median us (highest)")
-    calls = ("save", "save_inline", "load", "worker_save", "worker_save_inline", "worker_load")
+    calls = (
+        "save",
+        "save_inline",
+        "load",
+        "load_launched",
+        "worker_save",
+        "worker_save_inline",
+        "worker_load",
+        "worker_load_launched",
+    )
     print(f"{'case':36s} {'runs':>5s}  " + "  ".join(f"{c:>18s}" for c in calls))
     for i, first in enumerate(passes[0]):
         cells = []
