@@ -17,11 +17,10 @@ thread drives it (bind the step's plan, `save` per item then `flush`; or `start_
 the per-item checks and the bookkeeping around the copier. Saves are timed twice, in turn: with the
 save launcher (a native thread hands copy-engine batches to the driver; producers' default) and
 with the step thread making the driver call itself (`save_launcher=False`, the baseline and the
-default of roles that load; "inline" columns). Loads are timed twice too: the step thread queuing
-them ("load") and the launcher's thread ("launched": `load_launcher=True`, the caller's stream
-waiting for a word the launcher's stream writes after the copies). The launcher's driver work still
-runs beside whatever the step thread does next: CUDA calls made at once wait for it
-(docs/benchmarks.md, sessions 12 and 16).
+default of roles that load; "inline" columns). The launcher's driver work still runs beside
+whatever the step thread does next: CUDA calls made at once wait for it (docs/benchmarks.md,
+session 12). `--period-ms` paces the calls as once per engine step (the time since the previous call
+moves a launch's host time more than its batch does: docs/benchmarks.md, session 16).
 
     python bench/copy_host_launch.py              # needs CUDA
     python bench/copy_host_launch.py --iters 500 --json host.json
@@ -177,11 +176,8 @@ def measure(
 ) -> dict:
     layout = Layout(hidden_dim=width, dtype="bfloat16", num_blocks=blocks)
     region = MemoryRegion(layout)
-    # the launcher's thread queues the copy-engine batches of `copier`, the step thread those of `inline`
-    copier = TorchCopier(
-        region, device="cuda", dma_min_bytes=dma_min_bytes, save_launcher=True, load_launcher=True
-    )
-    inline = TorchCopier(region, device="cuda", dma_min_bytes=dma_min_bytes)
+    copier = TorchCopier(region, device="cuda", dma_min_bytes=dma_min_bytes, save_launcher=True)
+    inline = TorchCopier(region, device="cuda", dma_min_bytes=dma_min_bytes, save_launcher=False)
     if name.endswith("one output"):
         payloads = list(torch.randn(rows * len(extents), width, device="cuda").to(torch.bfloat16).split(rows))
     else:
@@ -229,12 +225,12 @@ def measure(
     # launch's.
     loaded: list = []
 
-    def load(by: TorchCopier = inline) -> float:
+    def load() -> float:
         copies = [PlannedCopy(next(tickets), "k", e, rows) for e in extents]
         loaded.clear()
 
         def launch() -> None:
-            loaded[:] = by.load(copies)
+            loaded[:] = copier.load(copies)
 
         return host_time(launch, settle_copier)
 
@@ -255,13 +251,13 @@ def measure(
 
     encoder_cache: dict = {}
 
-    def worker_load(by: TierWorker = inline_worker) -> float:
+    def worker_load() -> float:
         plan = StepPlan(loads=keyed())
         encoder_cache.clear()
 
         def launch() -> None:
-            by.bind(plan)
-            by.start_loads(encoder_cache)
+            worker.bind(plan)
+            worker.start_loads(encoder_cache)
 
         return host_time(launch, settle_worker)
 
@@ -307,13 +303,11 @@ def measure(
         "save": save,
         "save_inline": lambda: save(inline),
         "load": load,
-        "load_launched": lambda: load(copier),
     }
     worker_calls: dict[str, Callable[[], float]] = {
         "worker_save": worker_save,
         "worker_save_inline": lambda: worker_save(inline_worker),
         "worker_load": worker_load,
-        "worker_load_launched": lambda: worker_load(worker),
     }
     for prefix, calls in (("", copier_calls), ("worker_", worker_calls)):  # the driver's, in turn with each
         if load_driver is not None:
@@ -332,7 +326,7 @@ def measure(
     result["bytes_ok"] = True
     for by in (inline, copier):
         save(by)
-        load(by)
+        load()
         result["bytes_ok"] &= all(torch.equal(a, b) for a, b in zip(loaded, payloads, strict=True))
     copies = [PlannedCopy(next(tickets), "k", e, rows) for e in extents]
     row_bytes = layout.block_size_bytes
@@ -510,17 +504,11 @@ def print_case(r: dict) -> None:
         return f"{label} {t['median_us']:7.1f} us ({t['p10_us']:.0f}-{t['p90_us']:.0f})"
 
     def line(head: str, prefix: str, tail: str) -> None:
-        """The launcher's save, the step thread's ("inline") and their ratio, the step thread's load,
-        the launcher's ("launched") and their ratio, `tail`."""
+        """The launcher's save, the step thread's ("inline") and their ratio, the load, `tail`."""
         save, inline, load = r[f"{prefix}save"], r[f"{prefix}save_inline"], r[f"{prefix}load"]
-        launched = r[f"{prefix}load_launched"]
-        ratio, by_launcher = (
-            save["median_us"] / inline["median_us"],
-            launched["median_us"] / load["median_us"],
-        )
+        ratio = save["median_us"] / inline["median_us"]
         saves = f"{cell('save', save)}  {cell('inline', inline)} x{ratio:.2f}"
-        loads = f"{cell('load', load)}  {cell('launched', launched)} x{by_launcher:.2f}"
-        print(f"{head}{saves}  {loads}{tail}", flush=True)
+        print(f"{head}{saves}  {cell('load', load)}{tail}", flush=True)
 
     line(
         f"{r['case']:36s} runs {r['runs']:5d}  ",
@@ -555,16 +543,7 @@ def print_best(passes: list[list[dict]]) -> None:
     """Per case and call, the lowest of the passes' medians and the highest: the host's load drifts
     over minutes on the GPU machine, and the lowest median is the code's cost at its quietest."""
     print(f"# best of {len(passes)} passes: lowest median us (highest)")
-    calls = (
-        "save",
-        "save_inline",
-        "load",
-        "load_launched",
-        "worker_save",
-        "worker_save_inline",
-        "worker_load",
-        "worker_load_launched",
-    )
+    calls = ("save", "save_inline", "load", "worker_save", "worker_save_inline", "worker_load")
     print(f"{'case':36s} {'runs':>5s}  " + "  ".join(f"{c:>18s}" for c in calls))
     for i, first in enumerate(passes[0]):
         cells = []

@@ -256,10 +256,8 @@ def test_sources_stay_alive_until_their_copy_ends(region: MemoryRegion) -> None:
 
 
 @CUDA
-@pytest.mark.parametrize("launcher", [False, True], ids=["step-thread", "launcher"])
-def test_a_load_on_a_side_stream_orders_that_stream(region: MemoryRegion, launcher: bool) -> None:
-    copier = TorchCopier(region, device="cuda", load_launcher=launcher)
-    assert copier.launches_loads == launcher
+def test_a_load_on_a_side_stream_orders_that_stream(region: MemoryRegion) -> None:
+    copier = TorchCopier(region, device="cuda")
     try:
         extents = (Extent(30, 12), Extent(2, 5))
         src = payload(17, LAYOUT, "cuda", seed=3)
@@ -428,7 +426,7 @@ def test_runs_split_between_copy_engines_and_kernel_round_trip(
         copier.close()
 
 
-# -- the copy launcher (batches wholly on the copy engines, queued by a native thread) --------------
+# -- the save launcher (saves wholly on the copy engines, queued by a native thread) ----------------
 
 
 @CUDA
@@ -483,40 +481,6 @@ def test_launched_saves_kernel_saves_and_loads_interleave_with_the_right_bytes(r
             assert region_bytes(region, ext) == as_bytes(src)
     finally:
         copier.close()
-
-
-@CUDA
-@pytest.mark.parametrize("caller", ["own", "default"])
-def test_launched_loads_order_the_callers_stream_and_reused_memory(region: MemoryRegion, caller: str) -> None:
-    """Loads through the launcher, from a stream of the caller's own and from the legacy default
-    stream: work queued on the caller's stream after `load` sees the bytes (the stream waits for the
-    launcher's signal, written after the copies), and memory freed after a load and reused at once
-    is written only after that load's copies."""
-    copier = TorchCopier(region, device="cuda", save_launcher=True, load_launcher=True)
-    rng = random.Random(9)
-    entries = [(Extent(100 * i, 64),) for i in range(8)] + [(Extent(2000, 40), Extent(3000, 24))]
-    sources = payloads(entries, LAYOUT, "cuda")
-    try:
-        copier.save([SaveJob(planned(e), s) for e, s in zip(entries, sources, strict=True)])
-        drain(copier)
-        stream = torch.cuda.Stream() if caller == "own" else torch.cuda.default_stream()
-        tickets, checked = [], []
-        with torch.cuda.stream(stream):
-            for _ in range(30):
-                picked = rng.sample(range(len(entries)), 3)
-                torch.cuda._sleep(rng.choice([0, 2_000_000]))
-                loads = [planned(entries[i]) for i in picked]
-                tickets += [c.ticket for c in loads]
-                outs = copier.load(loads)
-                checked.append((picked, [o.clone() for o in outs]))  # queued behind the load
-                del outs  # their memory is free for the next load's outputs at once
-        assert sorted(drain(copier)) == sorted(tickets), "each load reported once"
-        for picked, copies in checked:
-            for i, copy in zip(picked, copies, strict=True):
-                assert as_bytes(copy) == as_bytes(sources[i])  # random bytes: NaNs, so not torch.equal
-    finally:
-        copier.close()
-    assert copier.in_flight() == 0
 
 
 @CUDA

@@ -60,12 +60,6 @@ DEVICES = [
         id="cuda-launcher",
         marks=[pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason=_NO_CUDA)],
     ),
-    # and every rank's copy-engine loads too, the caller's stream waiting for the launcher's signal
-    pytest.param(
-        "cuda+launcher-loads",
-        id="cuda-launcher-loads",
-        marks=[pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason=_NO_CUDA)],
-    ),
 ]
 
 
@@ -127,12 +121,7 @@ def _worker_main(rank: int, setup: dict[str, Any], commands: Any, results: Any) 
             ranks=WORKERS,
             shm_dir=setup["shm_dir"],
         )
-        copier = TorchCopier(
-            region,
-            device=device,
-            save_launcher=launcher.startswith("launcher"),
-            load_launcher=launcher == "launcher-loads",
-        )
+        copier = TorchCopier(region, device=device, save_launcher=launcher == "launcher")
         worker = TierWorker(role=Role.BOTH, rank=rank, writer=(rank == 0), region=region, copier=copier)
         results.put(("ready", rank, {"device": str(copier.device)}))
         while True:

@@ -22,7 +22,6 @@ RECORD = ctypes.CFUNCTYPE(_int, _vp, _vp)
 MEMCPY = ctypes.CFUNCTYPE(_int, _vp, _vp, _sz, _int, _vp)
 BATCH13 = ctypes.CFUNCTYPE(_int, _vp, _vp, _vp, _sz, _vp, _vp, _sz, _vp)
 BATCH12 = ctypes.CFUNCTYPE(_int, _vp, _vp, _vp, _sz, _vp, _vp, _sz, _vp, _vp)
-WRITE_VALUE = ctypes.CFUNCTYPE(_int, _vp, ctypes.c_uint64, ctypes.c_uint32, ctypes.c_uint)
 ATTRS, SETTLED_ATTRS, ATTR_INDEX = 0xA770, 0xA771, 0x1D0
 
 
@@ -62,18 +61,9 @@ class Runtime:
             RECORD(lambda event, stream: log("record", event, stream)),
             MEMCPY(lambda d, s, n, kind, stream: log("memcpy", stream, [(d, s, n)])),
             (BATCH12 if fail_index else BATCH13)(batch),
-            WRITE_VALUE(lambda stream, address, value, flags: log("signal", stream, address, value, flags)),
         ]
-        *address, write_value = [ctypes.cast(fn, _vp).value or 0 for fn in self._keep]
-        self.entry = EntryPoints(
-            *address,  # type: ignore[arg-type]
-            fail_index,
-            ATTRS,
-            ATTR_INDEX,
-            batch_max,
-            settled_attrs=SETTLED_ATTRS,
-            write_value=write_value,
-        )
+        address = [ctypes.cast(fn, _vp).value or 0 for fn in self._keep]
+        self.entry = EntryPoints(*address, fail_index, ATTRS, ATTR_INDEX, batch_max)  # type: ignore[arg-type]
 
     def driver_table(self) -> np.ndarray:
         """queue.h's ec_driver_t over these entry points (what CudaRuntime.driver_table gives), made

@@ -248,7 +248,7 @@ static int64_t ec_plan_queue(int64_t *restrict io, int64_t *restrict ws, const i
     if (!err)
         err = ec_queue_copies(driver, on, after, (void *)(intptr_t)io[IN_START], fired,
                               ws + W_DMA_DST * cap, ws + W_DMA_SRC * cap, ws + W_DMA_SIZE * cap,
-                              io[OUT_DMA], attrs, NULL, &call);
+                              io[OUT_DMA], attrs, &call);
     if (!err && load && apart) {
         call = EC_CALL_JOIN;
         err = ((ec_wait_fn)(intptr_t)driver->wait)(from, fired, 0);

@@ -27,12 +27,10 @@ class TorchCopier:
     ones or one short one per entry, go to the copy engines (None: none do); the other runs to the
     copy kernel, whose tiles `tile_bytes` and `num_warps` size, alongside. `save_launcher`: saves
     wholly on the copy engines are queued by a native thread (launcher.c), not the caller's (a gain
-    where the caller makes no CUDA call right after: see `launcher.py`). `load_launcher`: loads wholly
-    on the copy engines are queued by that thread too, the caller's stream waiting for a word its
-    stream writes after the copies (needs the driver's stream memory operations; off without them).
-    Close the copier before its region: it holds a view of the region's memory (and, on CUDA, a
-    registration) until `close()`. Not thread-safe: its callers serialize their calls (`TierWorker`
-    makes every call under one lock).
+    where the caller makes no CUDA call right after: see `launcher.py`). Close the copier before
+    its region: it holds a view of the region's memory (and, on CUDA, a registration) until
+    `close()`. Not thread-safe: its callers serialize their calls (`TierWorker` makes every call
+    under one lock).
     """
 
     def __init__(
@@ -45,7 +43,6 @@ class TorchCopier:
         num_warps: int = 4,
         dma_min_bytes: int | None = DMA_MIN_BYTES,
         save_launcher: bool = False,
-        load_launcher: bool = False,
     ) -> None:
         layout = region.layout
         self._region_name = region.name
@@ -70,7 +67,6 @@ class TorchCopier:
                 num_warps=num_warps,
                 dma_min_bytes=dma_min_bytes,
                 launcher=save_launcher,
-                load_launcher=load_launcher,
             )
         else:
             raise ValueError(f"TorchCopier device {device!r} is not supported; use 'cpu' or 'cuda[:N]'")
@@ -84,11 +80,6 @@ class TorchCopier:
     def launches_saves(self) -> bool:
         """Whether saves wholly on the copy engines go through the save launcher's thread."""
         return isinstance(self._engine, CudaEngine) and self._engine.launches_saves
-
-    @property
-    def launches_loads(self) -> bool:
-        """Whether loads wholly on the copy engines go through the launcher's thread."""
-        return isinstance(self._engine, CudaEngine) and self._engine.launches_loads
 
     def check(self, payload: object, rows: int) -> None:
         """Raise LayoutMismatch unless `payload` is `rows` rows of the region's width and dtype."""

@@ -11,10 +11,8 @@ stream) goes onto that stream itself: start event, copies, end event, nothing to
 With the save launcher on (`launcher`), a save wholly on the copy engines is handed, planned, to
 launcher.c instead: the step thread records the fence and returns, and the launcher's native
 thread queues the rest on a copy stream of its own (the driver's ~1 µs per copy off the step
-thread). With `load_launcher`, a load wholly on the copy engines goes the same way, and the caller's
-stream waits for a word that the launcher's stream writes after the copies (the end event is not
-recorded yet when `load` returns). Batches with kernel runs (the Triton launch is Python) are queued
-by the calling thread.
+thread). Loads, and saves with kernel runs (the Triton launch is Python), are queued by the calling
+thread.
 
 Long runs (>= `dma_min_bytes`) go to the copy engines, which reach the PCIe limit; short runs go to
 one Triton kernel that reads or writes the region through its mapped device address, so a batch
@@ -40,7 +38,7 @@ from ec_connector.adapters.torch_copy import hostmem
 from ec_connector.adapters.torch_copy.batchplan import BatchPlan, BatchPlanner, Queue, QueueFailed
 from ec_connector.adapters.torch_copy.cpu import release_view
 from ec_connector.adapters.torch_copy.cudart import runtime
-from ec_connector.adapters.torch_copy.launcher import CopyLauncher
+from ec_connector.adapters.torch_copy.launcher import SaveLauncher
 from ec_connector.adapters.torch_copy.plan import CopyTiming
 from ec_connector.domain.errors import ECConnectorError, RegionError
 from ec_connector.domain.transfers import PlannedCopy
@@ -119,7 +117,6 @@ class CudaEngine:
         num_warps: int,
         dma_min_bytes: int | None,
         launcher: bool = False,
-        load_launcher: bool = False,
     ) -> None:
         from ec_connector.adapters.torch_copy import kernels
 
@@ -186,12 +183,8 @@ class CudaEngine:
         # such save: ranks that never save have none), on streams of their own (the caller's streams
         # would order its queued work after the launcher's, unpredictably)
         self._launch_saves = launcher and self._rt.has_batch_copy
-        self._launch_loads = load_launcher and self._rt.has_batch_copy and self._rt.has_stream_values
-        self._launcher_thread: CopyLauncher | None = None
+        self._save_launcher: SaveLauncher | None = None
         self._launched_streams: list[torch.cuda.Stream] = []
-        self._launched_loads: torch.cuda.Stream | None = None  # one stream: signals written in order
-        self._signal: tuple[torch.Tensor, int, int] | None = None  # (word, host, device address)
-        self._signal_value = 0
         self._fences: list[int] = []
         self._fence = self._rt.event(timing=False)
         self._join = self._rt.event(timing=False)
@@ -206,10 +199,6 @@ class CudaEngine:
     @property
     def launches_saves(self) -> bool:
         return self._launch_saves
-
-    @property
-    def launches_loads(self) -> bool:
-        return self._launch_loads
 
     # -- the two directions -------------------------------------------------------------------
 
@@ -247,15 +236,6 @@ class CudaEngine:
         rows = [c.rows for c in copies]
         total = sum(rows)
         out = torch.empty((total, self._width), dtype=self._dtype, device=self._device)
-        if self._launch_loads:  # planned here, queued by the launcher's thread unless it has kernel runs
-            planned = self._planner.load(copies, out.data_ptr())
-            if planned.kernel == 0:
-                self._hand_over_load(planned, copies, caller)
-            else:
-                events = self._take_events()
-                self._submit("load", planned, copies, caller, self._next(self._load_streams), [out], events)
-                self._rt.wait(caller, events[1])
-            return out.split_with_sizes(rows)
         stream = self._next(self._load_streams)
         start, end = events = self._take_events()
         # A copy-engine load goes onto the caller's own stream when it has one (vLLM's model runner
@@ -295,7 +275,7 @@ class CudaEngine:
         done: list[int] = []
         still: list[_Batch] = []
         # jobs at and past this number are not yet on their streams (their events not yet recorded)
-        launched = self._launcher_thread.done() if self._launcher_thread is not None else 0
+        launched = self._save_launcher.done() if self._save_launcher is not None else 0
         for batch in self._pending:
             if batch.job >= launched:
                 still.append(batch)
@@ -318,10 +298,10 @@ class CudaEngine:
         """Wait for every batch, unregister, release the region view; returns the tickets not polled."""
         done: list[int] = []
         failure = None
-        if self._launcher_thread is not None:
-            self._launcher_thread.drain()
-            failure = self._launcher_thread.failure()
-            self._launcher_thread.close()
+        if self._save_launcher is not None:
+            self._save_launcher.drain()
+            failure = self._save_launcher.failure()
+            self._save_launcher.close()
         failed_from = failure[0] if failure is not None else 1 << 62
         for batch in self._pending:
             if batch.job < failed_from:  # queued on its stream: wait for it before unregistering
@@ -410,57 +390,21 @@ class CudaEngine:
         self, plan: BatchPlan, copies: Sequence[PlannedCopy], caller: int, sources: list[torch.Tensor]
     ) -> None:
         """Record the batch's fence on the caller's stream and submit its copies to the launcher."""
-        if not self._launched_streams:
-            with torch.cuda.device(self._device):
-                self._launched_streams = [torch.cuda.Stream(self._device) for _ in self._save_streams]
-        stream = self._next(self._launched_streams).cuda_stream
-        job, start, end, fence = self._submit_job(plan, caller, stream, None)
-        tickets = [c.ticket for c in copies]
-        nbytes = plan.total_rows * self._row_bytes
-        self._pending.append(_Batch("save", tickets, nbytes, start, end, None, tuple(sources), job, fence))
-
-    def _hand_over_load(self, plan: BatchPlan, copies: Sequence[PlannedCopy], caller: int) -> None:
-        """Submit a load's copies to the launcher, with a signal value its stream writes after them,
-        and make the caller's stream wait for that value: what the caller queues next sees the bytes
-        (and memory reused after the outputs are freed is written only after the copy)."""
-        if self._signal is None:
-            word = torch.zeros(1, dtype=torch.int32, pin_memory=True)
-            host = word.data_ptr()
-            err, device = self._rt.host_device_pointer(host)
-            self._rt.check(err, "cudaHostGetDevicePointer of the load signal word")
-            self._signal = (word, host, device)
-        if self._launched_loads is None:
-            with torch.cuda.device(self._device):
-                self._launched_loads = torch.cuda.Stream(self._device)
-        _, host, device = self._signal
-        self._signal_value = value = (self._signal_value + 1) & 0xFFFFFFFF
-        job, start, end, fence = self._submit_job(
-            plan, caller, self._launched_loads.cuda_stream, (host, device, value)
-        )
-        self._rt.wait_value(caller, device, value)
-        tickets = [c.ticket for c in copies]
-        nbytes = plan.total_rows * self._row_bytes
-        self._pending.append(_Batch("load", tickets, nbytes, start, end, None, (), job, fence))
-
-    def _submit_job(
-        self, plan: BatchPlan, caller: int, stream: int, signal: tuple[int, int, int] | None
-    ) -> tuple[int, int, int, int]:
-        """Record a fence on the caller's stream and submit the plan's copies to the launcher on
-        `stream`; (job, start, end, fence)."""
         rt = self._rt
         start, end = self._take_events()
         fence = self._fences.pop() if self._fences else rt.event(timing=False)
         rt.record(fence, caller)
+        launcher = self._save_launcher
+        if launcher is None:
+            launcher = self._save_launcher = SaveLauncher(self._rt.entry_points(), self._index)
+            with torch.cuda.device(self._device):
+                self._launched_streams = [torch.cuda.Stream(self._device) for _ in self._save_streams]
+        stream = self._next(self._launched_streams).cuda_stream
         columns = (plan.dma_dst, plan.dma_src, plan.dma_size, plan.dma)
-        job = self._copy_launcher().submit(stream, fence, start, end, *columns, signal=signal)
-        return job, start, end, fence
-
-    def _copy_launcher(self) -> CopyLauncher:
-        """The launcher's thread, started at the first batch handed over (ranks that never hand one
-        over have none)."""
-        if self._launcher_thread is None:
-            self._launcher_thread = CopyLauncher(self._rt.entry_points(), self._index)
-        return self._launcher_thread
+        job = launcher.submit(stream, fence, start, end, *columns)
+        tickets = [c.ticket for c in copies]
+        nbytes = plan.total_rows * self._row_bytes
+        self._pending.append(_Batch("save", tickets, nbytes, start, end, None, tuple(sources), job, fence))
 
     def _kernel_launch(
         self, plan: BatchPlan, first: torch.Tensor, save: bool

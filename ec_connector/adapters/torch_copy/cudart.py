@@ -66,8 +66,7 @@ class _MemcpyAttributes(ctypes.Structure):
 @dataclass(frozen=True)
 class EntryPoints:
     """C function addresses (cudaSetDevice, cudaStreamWaitEvent, cudaEventRecord, cudaMemcpyAsync,
-    cudaMemcpyBatchAsync), what a batch call takes besides its columns (a save's attributes `attrs`, a
-    load's `settled_attrs`), and cuStreamWriteValue32 (0 where the driver has none: no loads then)."""
+    cudaMemcpyBatchAsync), and what a batch call takes besides its columns."""
 
     set_device: int
     wait: int
@@ -78,8 +77,6 @@ class EntryPoints:
     attrs: int
     attr_index: int
     batch_max: int
-    settled_attrs: int = 0
-    write_value: int = 0
 
 
 class CudaRuntime:
@@ -132,17 +129,6 @@ class CudaRuntime:
             self._settled_attrs_address = ctypes.addressof(self._settled_attrs)
             self._attr_index_address = ctypes.addressof(self._attr_index)
             self._fail_index_address = ctypes.addressof(self._fail_index)
-        self._write_value = 0
-        self._wait_value: Any = None
-        driver = _driver_library()
-        if driver is not None:
-            # the driver API's stream memory operations (CUDA 12+ drivers have them on by default); a
-            # CUstream is a cudaStream_t
-            wait_value = driver.cuStreamWaitValue32_v2
-            wait_value.argtypes = [_vp, ctypes.c_uint64, ctypes.c_uint32, _uint]
-            wait_value.restype = _int
-            self._wait_value = wait_value
-            self._write_value = _function_address(driver.cuStreamWriteValue32_v2)
         # hot-path entry points, bound once, GIL kept
         self.record_raw = held.cudaEventRecord
         self.wait_raw = held.cudaStreamWaitEvent
@@ -152,11 +138,6 @@ class CudaRuntime:
     @property
     def has_batch_copy(self) -> bool:
         return self._batch is not None
-
-    @property
-    def has_stream_values(self) -> bool:
-        """Whether streams can wait for and write words (cuStreamWaitValue32/WriteValue32)."""
-        return self._wait_value is not None
 
     def entry_points(self) -> EntryPoints:
         """The addresses native code (launcher.c) calls to queue a save's stream operations and
@@ -174,8 +155,6 @@ class CudaRuntime:
             attrs=self._attrs_address,
             attr_index=attr_index,
             batch_max=batch_max,
-            settled_attrs=self._settled_attrs_address,
-            write_value=self._write_value,
         )
 
     def driver_table(self) -> np.ndarray:
@@ -249,15 +228,6 @@ class CudaRuntime:
         err = self.wait_raw(stream, event, 0)
         if err:
             self.check(err, "cudaStreamWaitEvent")
-
-    def wait_value(self, stream: int, address: int, value: int) -> None:
-        """Make `stream` wait until the 32-bit word at device address `address` reaches `value`
-        (`(int32)(word - value) >= 0`, so values may wrap) before its later work runs."""
-        err = self._wait_value(stream, address, value, 0)  # CU_STREAM_WAIT_VALUE_GEQ
-        if err:
-            raise ECConnectorError(
-                f"cuStreamWaitValue32 failed with CUDA driver error {err}; the GPU context may be unusable"
-            )
 
     def done(self, event: int) -> bool:
         """Non-blocking: has the event fired? (clears the not-ready status torch would trip on)"""
@@ -338,23 +308,6 @@ def runtime() -> CudaRuntime:
             torch.cuda.init()
             _loaded = _load()
         return _loaded
-
-
-def _driver_library() -> ctypes.CDLL | None:
-    """The CUDA driver library torch loaded (its stream memory operations, GIL kept), or None."""
-    try:
-        with open("/proc/self/maps") as maps:
-            paths = sorted({line.split()[-1] for line in maps if "libcuda.so" in line})
-    except OSError:
-        paths = []
-    for path in paths + ["libcuda.so.1"]:
-        try:
-            driver = ctypes.PyDLL(path)
-            driver.cuStreamWaitValue32_v2, driver.cuStreamWriteValue32_v2  # noqa: B018
-        except (OSError, AttributeError):
-            continue
-        return driver
-    return None
 
 
 def _load() -> CudaRuntime:

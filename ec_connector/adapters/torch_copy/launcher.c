@@ -1,25 +1,19 @@
-/* The copy launcher: a native thread that hands planned copy-engine batches to the CUDA driver, off
+/* The save launcher: a native thread that hands planned copy-engine batches to the CUDA driver, off
  * the engine's step thread.
  *
  * The driver takes ~0.7-1.5 µs of host time per copy inside cudaMemcpyBatchAsync (H200, session
- * 11), about half of what a batch of 32 aged entries costs the step thread. The step thread records
- * a fence on its stream, copies the batch's three columns into a job here and returns; this thread
- * queues, on the job's copy stream, the wait for the fence, the start event, the copies (at most
- * `batch_max` per call, in order) and the end event: queue.h's sequence, which batchplan.c makes on
- * the step thread for the batches it queues itself.
- *
- * A save needs nothing back before the step goes on. A load does: what the caller queues next must
- * see its bytes, and the end event is not recorded yet when the step thread returns, so a stream
- * cannot wait on it. A load job therefore carries a signal: a word in mapped host memory that its
- * copy stream writes (cuStreamWriteValue32) once the copies have ended, and that the caller's stream
- * waits for (cuStreamWaitValue32, queued by the step thread before it returns). Load jobs share one
- * copy stream and their values rise, so each write is in stream order after the previous one's.
+ * 11), about half of what a save of 32 aged entries costs the step thread. A save needs nothing
+ * back from the driver before the step goes on (nobody waits on the region's bytes in stream
+ * order), so the step thread records a fence on its stream, copies the batch's three columns into a
+ * job here and returns; this thread queues, on the job's copy stream, the wait for the fence, the
+ * start event, the copies (at most `batch_max` per call, in order) and the end event: queue.h's
+ * sequence, which batchplan.c makes on the step thread for every other copy-engine batch. Loads stay
+ * on the step thread: the caller's stream must wait on their end event before the step goes on.
  *
  * Jobs run in submission order. The first failing CUDA call is recorded (its job, call and error)
- * and every later job is skipped; the Python side raises it at its next look. A load job that fails
- * or is skipped has its signal written from the host instead, so no stream waits on it forever. No
- * Python headers: loaded with ctypes (launcher.py), the CUDA entry points passed in as addresses, so
- * tests can pass their own.
+ * and every later job is skipped; the Python side raises it at its next look. No Python headers:
+ * loaded with ctypes (launcher.py), the CUDA entry points passed in as addresses, so tests can pass
+ * their own.
  */
 #include <pthread.h>
 #include <stdatomic.h>
@@ -33,9 +27,7 @@ typedef int (*set_device_fn)(int device);
 
 typedef struct {
     int64_t stream, fence, start, end, count, capacity;
-    int64_t load;                  /* the batch's sources are settled (a load): the settled attrs */
-    int64_t signal_host, signal_device, value; /* a load's signal word (0: none) and its value */
-    int64_t *columns;              /* dst[capacity], src[capacity], size[capacity] */
+    int64_t *columns; /* dst[capacity], src[capacity], size[capacity] */
 } job_t;
 
 typedef struct {
@@ -51,23 +43,14 @@ typedef struct {
     int64_t device;
     set_device_fn set_device;
     ec_driver_t driver;
-    void *attrs, *load_attrs;
-    int64_t write_value;
+    void *attrs;
 } launcher_t;
 
 static int run_job(launcher_t *l, job_t *j, int64_t *call) {
     const int64_t *dst = j->columns, *src = dst + j->capacity, *size = src + j->capacity;
-    const ec_signal_t signal = {l->write_value, j->signal_device, (uint32_t)j->value};
     return ec_queue_copies(&l->driver, (void *)(intptr_t)j->stream, (void *)(intptr_t)j->fence,
                            (void *)(intptr_t)j->start, (void *)(intptr_t)j->end, dst, src, size,
-                           j->count, j->load ? l->load_attrs : l->attrs,
-                           j->signal_device ? &signal : NULL, call);
-}
-
-/* A load job that failed or was skipped: its waiting stream goes on (the job's failure is raised) */
-static void signal_from_host(const job_t *j) {
-    if (j->signal_host)
-        __atomic_store_n((uint32_t *)(intptr_t)j->signal_host, (uint32_t)j->value, __ATOMIC_RELEASE);
+                           j->count, l->attrs, call);
 }
 
 static void *serve(void *arg) {
@@ -88,7 +71,6 @@ static void *serve(void *arg) {
         pthread_mutex_unlock(&l->mu);
         int64_t call = 0;
         err = failed ? 0 : run_job(l, j, &call);
-        if (failed || err) signal_from_host(j);
         pthread_mutex_lock(&l->mu);
         if (err) {
             l->error_job = next;
@@ -104,11 +86,10 @@ static void *serve(void *arg) {
 
 /* A launcher with `slots` job slots for the streams of CUDA device `device`; NULL when out of
  * memory or the thread cannot start. `batch` may be NULL (copies go one cudaMemcpyAsync at a
- * time); `attrs` are a save's batch attributes, `load_attrs` a load's; `write_value` may be NULL
- * (no load jobs then). */
+ * time). */
 void *ec_launcher_new(int64_t slots, int64_t device, void *set_device, void *wait, void *record,
                       void *memcpy1, void *batch, int64_t batch_has_fail_index, void *attrs,
-                      void *load_attrs, void *attr_index, int64_t batch_max, void *write_value) {
+                      void *attr_index, int64_t batch_max) {
     if (slots < 1 || batch_max < 1) return NULL;
     launcher_t *l = calloc(1, sizeof *l);
     if (!l) return NULL;
@@ -127,8 +108,6 @@ void *ec_launcher_new(int64_t slots, int64_t device, void *set_device, void *wai
                               batch_has_fail_index,      batch_max,
                               (int64_t)(intptr_t)attr_index};
     l->attrs = attrs;
-    l->load_attrs = load_attrs;
-    l->write_value = (int64_t)(intptr_t)write_value;
     pthread_mutex_init(&l->mu, NULL);
     pthread_cond_init(&l->work, NULL);
     pthread_cond_init(&l->room, NULL);
@@ -142,16 +121,12 @@ void *ec_launcher_new(int64_t slots, int64_t device, void *set_device, void *wai
 }
 
 /* Queue a job: copy `count` (dst, src, size) from the three int64 columns, then wake the thread.
- * A load job (`signal_device` not 0) has the settled attributes and writes `value` to its signal
- * word after the copies. Returns the job's number (0, 1, ...), -1 when out of memory, -2 when
- * stopped, -3 for a load job without a write_value entry point. Waits while every slot holds a job
- * not yet handled. */
+ * Returns the job's number (0, 1, ...), -1 when out of memory, -2 when stopped. Waits while every
+ * slot holds a job not yet handled. */
 int64_t ec_launcher_submit(void *handle, int64_t stream, int64_t fence, int64_t start, int64_t end,
                            const int64_t *dst, const int64_t *src, const int64_t *size,
-                           int64_t count, int64_t signal_host, int64_t signal_device,
-                           int64_t value) {
+                           int64_t count) {
     launcher_t *l = handle;
-    if (signal_device && !l->write_value) return -3;
     pthread_mutex_lock(&l->mu);
     while (l->submitted - atomic_load(&l->done) >= l->slots && !l->stop)
         pthread_cond_wait(&l->room, &l->mu);
@@ -178,10 +153,6 @@ int64_t ec_launcher_submit(void *handle, int64_t stream, int64_t fence, int64_t 
     j->start = start;
     j->end = end;
     j->count = count;
-    j->load = signal_device != 0;
-    j->signal_host = signal_host;
-    j->signal_device = signal_device;
-    j->value = value;
     pthread_mutex_lock(&l->mu);
     int64_t number = l->submitted++;
     pthread_cond_signal(&l->work);

@@ -1,26 +1,22 @@
-"""The copy launcher (launcher.c): copy-engine batches handed to the CUDA driver by a native thread.
+"""The save launcher (launcher.c): copy-engine saves handed to the CUDA driver by a native thread.
 
-`CudaEngine` plans a batch, records a fence on the caller's stream and submits the batch's copies
-here; the launcher's thread (no Python, no GIL) queues the fence wait, the start event, the copies
-and the end event on the job's copy stream. The step thread no longer spends the driver's ~0.7-1.5
-µs per copy inside the launch. A load job also carries a signal: a word of mapped host memory that
-its copy stream writes once the copies have ended and that the caller's stream waits for
-(`CudaRuntime.wait_value`, queued by the step thread before `load` returns), since the end event is
-not recorded yet when the step thread goes on.
+`CudaEngine.save` plans a batch, records a fence on the caller's stream and submits the batch's
+copies here; the launcher's thread (no Python, no GIL) queues the fence wait, the start event, the
+copies and the end event on the job's copy stream. The step thread no longer spends the driver's
+~0.7-1.5 µs per copy inside the launch. Loads are not launched here: the caller's stream must wait
+on a load's end event before `load` returns, so the event must be recorded by then.
 
 The driver's work is moved, not removed, and the driver serializes it with the step thread's own
 calls: on the H200 (docs/benchmarks.md, session 12), 30 kernel launches made right after a flush
 took about as much longer as the launcher had taken off the flush (~60 µs for 32 aged entries),
 while after 300 µs of Python they took no longer and each step came out 15-60 µs shorter. So it pays
 where the step does not go on into CUDA calls at once: an encoder-only instance, whose step ends
-at the flush that launches its saves. The container turns it on for producers' saves only; loads
-through it are an option of `TorchCopier` (`load_launcher`), measured in docs/benchmarks.md (session
-16).
+at the flush that launches its saves. The container turns it on for producers only.
 
 One thread submits (the copier's caller, under `TierWorker`'s lock); `done` says how many jobs the
 launcher has queued on their streams, and raises once one has failed: the CUDA call that failed is
-named, every later job is skipped (a load job's signal is then written from the host, so no stream
-waits for it forever), and the GPU context may be unusable, as when the step thread's own call fails.
+named, every later job is skipped, and the GPU context may be unusable, as when the step thread's
+own call fails.
 """
 
 from __future__ import annotations
@@ -40,7 +36,7 @@ SLOTS = 256  # jobs queued and not yet handled before `submit` waits for room
 _vp, _i64 = ctypes.c_void_p, ctypes.c_int64
 
 
-class CopyLauncher:
+class SaveLauncher:
     """A native thread that queues planned copy-engine batches on their streams, in order."""
 
     def __init__(self, entry: EntryPoints, device: int, *, slots: int = SLOTS) -> None:
@@ -55,14 +51,12 @@ class CopyLauncher:
             entry.batch or None,
             int(entry.batch_has_fail_index),
             entry.attrs,
-            entry.settled_attrs,
             entry.attr_index,
             entry.batch_max,
-            entry.write_value or None,
         )
         if not handle:
             raise ECConnectorError(
-                f"the copy launcher could not start: {slots} slots and batches of {entry.batch_max} "
+                f"the save launcher could not start: {slots} slots and batches of {entry.batch_max} "
                 "copies must each be at least 1, else the process is out of memory or threads"
             )
         self._handle: int | None = handle
@@ -72,27 +66,14 @@ class CopyLauncher:
         self._error = np.zeros(3, dtype=np.int64)
 
     def submit(
-        self,
-        stream: int,
-        fence: int,
-        start: int,
-        end: int,
-        dst: int,
-        src: int,
-        size: int,
-        count: int,
-        signal: tuple[int, int, int] | None = None,
+        self, stream: int, fence: int, start: int, end: int, dst: int, src: int, size: int, count: int
     ) -> int:
         """Queue a job: wait for `fence` on `stream`, record `start`, copy `count` (dst, src, size)
         from the three int64 columns at `dst`, `src`, `size` (read before this returns), record
-        `end`. A load passes `signal` (the word's host address, its device address, the value): its
-        sources are read out of stream order (settled), and the value is written to the word once the
-        copies have ended, before `end`. Returns the job's number (0, 1, ...)."""
-        host, device, value = signal or (0, 0, 0)
-        live = self._live()
-        job = int(self._submit(live, stream, fence, start, end, dst, src, size, count, host, device, value))
+        `end`. Returns the job's number (0, 1, ...)."""
+        job = int(self._submit(self._live(), stream, fence, start, end, dst, src, size, count))
         if job < 0:
-            raise ECConnectorError(_REFUSED.get(job, f"the copy launcher refused a job ({job})"))
+            raise ECConnectorError("the save launcher is " + ("out of memory" if job == -1 else "closed"))
         return job
 
     def done(self) -> int:
@@ -114,7 +95,7 @@ class CopyLauncher:
             return None
         return (
             job,
-            f"{native.QUEUE_CALLS.get(call, f'call {call}')} of copy job {job} failed with CUDA error {code}",
+            f"{native.QUEUE_CALLS.get(call, f'call {call}')} of save job {job} failed with CUDA error {code}",
         )
 
     def close(self) -> None:
@@ -125,20 +106,15 @@ class CopyLauncher:
 
     def _live(self) -> int:
         if self._handle is None:
-            raise ECConnectorError("the copy launcher is closed")
+            raise ECConnectorError("the save launcher is closed")
         return self._handle
 
     def _raise(self) -> None:
         failed = self.failure()
-        what = failed[1] if failed else "a copy job failed"
+        what = failed[1] if failed else "a save job failed"
         raise ECConnectorError(f"{what}; the GPU context may be unusable")
 
 
-_REFUSED = {
-    -1: "the copy launcher is out of memory",
-    -2: "the copy launcher is closed",
-    -3: "the copy launcher has no cuStreamWriteValue32 entry point: it cannot take loads",
-}
 _library: ctypes.CDLL | None = None
 _lock = threading.Lock()
 
@@ -151,11 +127,11 @@ def library() -> ctypes.CDLL:
     global _library
     with _lock:
         if _library is None:
-            path = str(native.build(SOURCE, "the copy launcher"))
+            path = str(native.build(SOURCE, "the save launcher"))
             held, free = ctypes.PyDLL(path), ctypes.CDLL(path)
-            held.ec_launcher_new.argtypes = [_i64, _i64, *[_vp] * 5, _i64, _vp, _vp, _vp, _i64, _vp]
+            held.ec_launcher_new.argtypes = [_i64, _i64, _vp, _vp, _vp, _vp, _vp, _i64, _vp, _vp, _i64]
             held.ec_launcher_new.restype = _vp
-            held.ec_launcher_submit.argtypes = [_vp, *[_i64] * 4, _vp, _vp, _vp, *[_i64] * 4]
+            held.ec_launcher_submit.argtypes = [_vp, _i64, _i64, _i64, _i64, _vp, _vp, _vp, _i64]
             held.ec_launcher_submit.restype = _i64
             held.ec_launcher_done.argtypes = [_vp]
             held.ec_launcher_done.restype = _i64

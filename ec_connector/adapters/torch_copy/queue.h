@@ -18,9 +18,6 @@ typedef int (*ec_batch13_fn)(void *dsts, void *srcs, void *sizes, size_t count, 
                              void *attr_index, size_t n_attrs, void *stream);
 typedef int (*ec_batch12_fn)(void *dsts, void *srcs, void *sizes, size_t count, void *attrs,
                              void *attr_index, size_t n_attrs, size_t *fail_index, void *stream);
-/* cuStreamWriteValue32_v2 (the driver API): write `value` to the 32-bit word at device address `addr`
- * once the stream's earlier work has ended (flags 0: with a memory barrier before the write) */
-typedef int (*ec_write_value_fn)(void *stream, uint64_t addr, uint32_t value, unsigned flags);
 
 /* which call failed (the Python sides name them) */
 enum {
@@ -31,7 +28,6 @@ enum {
     EC_CALL_DEVICE = 5, /* cudaSetDevice (the launcher thread's device) */
     EC_CALL_FENCE = 6,  /* cudaEventRecord: the fence, on the caller's stream */
     EC_CALL_JOIN = 7,   /* cudaStreamWaitEvent: the caller's stream on the end event */
-    EC_CALL_SIGNAL = 8, /* cuStreamWriteValue32: a load's signal word */
 };
 enum { EC_MEMCPY_DEFAULT = 4 };
 
@@ -41,22 +37,12 @@ typedef struct {
     int64_t wait, record, memcpy1, batch, batch_has_fail_index, batch_max, attr_index;
 } ec_driver_t;
 
-/* A word the copies' stream writes once they have ended, which another stream waits for
- * (cuStreamWaitValue32): `write` NULL for none. */
-typedef struct {
-    int64_t write;   /* cuStreamWriteValue32_v2 */
-    int64_t address; /* the word's device address */
-    uint32_t value;
-} ec_signal_t;
-
 /* On `stream`: wait for `fence` (none when NULL), record `start`, copy `count` (dst, src, size) in
- * order (batch calls of at most batch_max copies, with the attributes at `attrs`), write the signal
- * (none when `signal` is NULL or has no `write`), record `end`. The signal is written before `end`, so
- * `end` done means the word is written. Returns 0 or the CUDA error, with the failing call in *call. */
+ * order (batch calls of at most batch_max copies, with the attributes at `attrs`), record `end`.
+ * Returns 0 or the CUDA error, with the failing call in *call. */
 static inline int ec_queue_copies(const ec_driver_t *d, void *stream, void *fence, void *start,
                                   void *end, const int64_t *dst, const int64_t *src,
-                                  const int64_t *size, int64_t count, void *attrs,
-                                  const ec_signal_t *signal, int64_t *call) {
+                                  const int64_t *size, int64_t count, void *attrs, int64_t *call) {
     const ec_wait_fn wait = (ec_wait_fn)(intptr_t)d->wait;
     const ec_record_fn record = (ec_record_fn)(intptr_t)d->record;
     int err;
@@ -87,11 +73,6 @@ static inline int ec_queue_copies(const ec_driver_t *d, void *stream, void *fenc
             }
             if (err) return err;
         }
-    }
-    if (signal && signal->write) {
-        *call = EC_CALL_SIGNAL;
-        const ec_write_value_fn write = (ec_write_value_fn)(intptr_t)signal->write;
-        if ((err = write(stream, (uint64_t)signal->address, signal->value, 0))) return err;
     }
     *call = EC_CALL_END;
     return record(end, stream);

@@ -1,4 +1,4 @@
-"""The copy launcher's native thread (launcher.c) driven through entry points of our own.
+"""The save launcher's native thread (launcher.c) driven through entry points of our own.
 
 The launcher calls whatever C entry points it is given; here they are ctypes callbacks that log
 each call (run on the launcher's own thread), so the order of a job's stream operations, the copy
@@ -9,7 +9,6 @@ CUDA contract and worker suites run the same launcher against the real runtime o
 from __future__ import annotations
 
 import ctypes
-import dataclasses
 import subprocess
 import threading
 from collections.abc import Iterator
@@ -20,10 +19,10 @@ import pytest
 
 from ec_connector.adapters.torch_copy import native
 from ec_connector.adapters.torch_copy.cudart import EntryPoints
-from ec_connector.adapters.torch_copy.launcher import CopyLauncher
+from ec_connector.adapters.torch_copy.launcher import SaveLauncher
 from ec_connector.domain.errors import ECConnectorError
 
-from .fake_runtime import ATTR_INDEX, ATTRS, SETTLED_ATTRS, Runtime
+from .fake_runtime import ATTR_INDEX, ATTRS, Runtime
 
 pytestmark = pytest.mark.skipif(native.compiler() is None, reason="needs a C compiler (cc, gcc or clang)")
 _vp = ctypes.c_void_p
@@ -37,7 +36,7 @@ class Job:
         self.src = self.dst + 1
         self.size = np.full(count, base, dtype=np.int64)
 
-    def submit(self, launcher: CopyLauncher, stream: int, events: tuple[int, int, int]) -> int:
+    def submit(self, launcher: SaveLauncher, stream: int, events: tuple[int, int, int]) -> int:
         fence, start, end = events
         addresses = (self.dst.ctypes.data, self.src.ctypes.data, self.size.ctypes.data)
         return launcher.submit(stream, fence, start, end, *addresses, len(self.dst))
@@ -52,14 +51,14 @@ def runtime() -> Runtime:
 
 
 @pytest.fixture
-def launcher(runtime: Runtime) -> Iterator[CopyLauncher]:
-    out = CopyLauncher(runtime.entry, device=3)
+def launcher(runtime: Runtime) -> Iterator[SaveLauncher]:
+    out = SaveLauncher(runtime.entry, device=3)
     yield out
     out.close()
 
 
 def test_each_job_waits_for_its_fence_then_records_start_copies_and_end_in_order(
-    runtime: Runtime, launcher: CopyLauncher
+    runtime: Runtime, launcher: SaveLauncher
 ) -> None:
     one, many = Job(1, 100), Job(5, 200)
     assert one.submit(launcher, 0x51, (0xF1, 0xA1, 0xE1)) == 0
@@ -81,66 +80,9 @@ def test_each_job_waits_for_its_fence_then_records_start_copies_and_end_in_order
     assert launcher.failure() is None
 
 
-def test_a_load_job_reads_settled_sources_and_writes_its_signal_after_the_copies_before_its_end(
-    runtime: Runtime, launcher: CopyLauncher
-) -> None:
-    word = np.zeros(1, dtype=np.uint32)
-    load, save = Job(3, 300), Job(2, 400)
-    addresses = (load.dst.ctypes.data, load.src.ctypes.data, load.size.ctypes.data)
-    launcher.submit(0x61, 0xF1, 0xA1, 0xE1, *addresses, 3, signal=(word.ctypes.data, 0xD000, 7))
-    save.submit(launcher, 0x62, (0xF2, 0xA2, 0xE2))
-    launcher.drain()
-    assert runtime.calls[1:] == [
-        ("wait", 0x61, 0xF1),
-        ("record", 0xA1, 0x61),
-        ("batch", 0x61, load.copies()),
-        ("signal", 0x61, 0xD000, 7, 0),  # the device address, the value, flags 0 (a barrier first)
-        ("record", 0xE1, 0x61),
-        ("wait", 0x62, 0xF2),
-        ("record", 0xA2, 0x62),
-        ("batch", 0x62, save.copies()),
-        ("record", 0xE2, 0x62),
-    ]
-    assert runtime.attrs == [SETTLED_ATTRS, ATTRS], "a load reads its sources out of stream order"
-    assert word[0] == 0, "a queued load's word is written by its stream, not by the host"
-
-
-def test_a_failed_or_skipped_load_has_its_signal_written_from_the_host(
-    runtime: Runtime, launcher: CopyLauncher
-) -> None:
-    """A stream waiting for a load that will never be queued must not wait forever."""
-    words = np.zeros(3, dtype=np.uint32)
-    runtime.fail[("batch", 1)] = 700  # the second load's copies
-    for n in range(3):
-        job = Job(2, 10 * (n + 1))
-        addresses = (job.dst.ctypes.data, job.src.ctypes.data, job.size.ctypes.data)
-        signal = (words[n:].ctypes.data, 0xD000 + 4 * n, 40 + n)
-        launcher.submit(0x70 + n, 0xF0 + n, 0xA0 + n, 0xE0 + n, *addresses, 2, signal=signal)
-    launcher.drain()
-    assert words.tolist() == [0, 41, 42], "the first was queued; the failed and the skipped one written here"
-    with pytest.raises(ECConnectorError, match=r"the copies of copy job 1 failed with CUDA error 700"):
-        launcher.done()
-
-
-def test_a_launcher_without_a_write_value_entry_point_refuses_loads_by_name() -> None:
-    runtime = Runtime()
-    entry = dataclasses.replace(runtime.entry, write_value=0)
-    launcher = CopyLauncher(entry, device=0)
-    try:
-        job = Job(1, 5)
-        addresses = (job.dst.ctypes.data, job.src.ctypes.data, job.size.ctypes.data)
-        with pytest.raises(
-            ECConnectorError, match="no cuStreamWriteValue32 entry point: it cannot take loads"
-        ):
-            launcher.submit(1, 2, 3, 4, *addresses, 1, signal=(0, 0xD000, 1))
-        assert job.submit(launcher, 1, (2, 3, 4)) == 0, "saves are still taken"
-    finally:
-        launcher.close()
-
-
 def test_long_jobs_are_cut_into_batch_calls_in_order() -> None:
     runtime = Runtime(fail_index=True, batch_max=4)
-    launcher = CopyLauncher(runtime.entry, device=0)
+    launcher = SaveLauncher(runtime.entry, device=0)
     try:
         job = Job(10, 1000)
         job.submit(launcher, 7, (1, 2, 3))
@@ -152,7 +94,7 @@ def test_long_jobs_are_cut_into_batch_calls_in_order() -> None:
     assert [copy for c in batches for copy in c[2]] == job.copies()
 
 
-def test_the_columns_are_copied_when_the_job_is_submitted(runtime: Runtime, launcher: CopyLauncher) -> None:
+def test_the_columns_are_copied_when_the_job_is_submitted(runtime: Runtime, launcher: SaveLauncher) -> None:
     job = Job(3, 300)
     expected = job.copies()
     job.submit(launcher, 1, (1, 2, 3))
@@ -162,13 +104,13 @@ def test_the_columns_are_copied_when_the_job_is_submitted(runtime: Runtime, laun
 
 
 def test_a_failing_call_is_named_and_every_later_job_is_skipped(
-    runtime: Runtime, launcher: CopyLauncher
+    runtime: Runtime, launcher: SaveLauncher
 ) -> None:
     runtime.fail[("record", 2)] = 700  # the second job's start event
     for n in range(3):
         Job(2, 10 * (n + 1)).submit(launcher, 0x50 + n, (0xF0 + n, 0xA0 + n, 0xE0 + n))
     launcher.drain()
-    named = r"cudaEventRecord \(start\) of copy job 1 failed with CUDA error 700"
+    named = r"cudaEventRecord \(start\) of save job 1 failed with CUDA error 700"
     with pytest.raises(ECConnectorError, match=named):
         launcher.done()
     failure = launcher.failure()
@@ -179,11 +121,11 @@ def test_a_failing_call_is_named_and_every_later_job_is_skipped(
 def test_a_device_that_cannot_be_made_current_fails_every_job() -> None:
     runtime = Runtime()
     runtime.fail[("device", 0)] = 101
-    launcher = CopyLauncher(runtime.entry, device=9)
+    launcher = SaveLauncher(runtime.entry, device=9)
     try:
         Job(2, 5).submit(launcher, 1, (1, 2, 3))
         launcher.drain()
-        named = r"cudaSetDevice \(the launcher thread's device\) of copy job 0"
+        named = r"cudaSetDevice \(the launcher thread's device\) of save job 0"
         with pytest.raises(ECConnectorError, match=named):
             launcher.done()
     finally:
@@ -192,16 +134,16 @@ def test_a_device_that_cannot_be_made_current_fails_every_job() -> None:
 
 
 def test_close_handles_what_is_queued_then_refuses_more(runtime: Runtime) -> None:
-    launcher = CopyLauncher(runtime.entry, device=0)
+    launcher = SaveLauncher(runtime.entry, device=0)
     jobs = [Job(2, 10 * (n + 1)) for n in range(20)]
     for n, job in enumerate(jobs):
         job.submit(launcher, n + 1, (1, 2, 3))
     launcher.close()
     launcher.close()  # idempotent
     assert [c[1] for c in runtime.calls if c[0] == "batch"] == list(range(1, 21))
-    with pytest.raises(ECConnectorError, match="the copy launcher is closed"):
+    with pytest.raises(ECConnectorError, match="the save launcher is closed"):
         jobs[0].submit(launcher, 1, (1, 2, 3))
-    with pytest.raises(ECConnectorError, match="the copy launcher is closed"):
+    with pytest.raises(ECConnectorError, match="the save launcher is closed"):
         launcher.done()
 
 
@@ -248,7 +190,7 @@ def test_a_full_queue_makes_submit_wait_for_room_and_every_job_runs_in_order(tmp
         ctypes.cast(getattr(lib, f"fake_{n}"), _vp).value or 0 for n in ("set_device", "wait", "record")
     ]
     address += [ctypes.cast(getattr(lib, f"fake_{n}"), _vp).value or 0 for n in ("memcpy", "batch")]
-    launcher = CopyLauncher(EntryPoints(*address, False, ATTRS, ATTR_INDEX, 256), device=0, slots=2)
+    launcher = SaveLauncher(EntryPoints(*address, False, ATTRS, ATTR_INDEX, 256), device=0, slots=2)
     expected: list[int] = []
     try:
         for n in range(40):
@@ -265,4 +207,4 @@ def test_a_full_queue_makes_submit_wait_for_room_and_every_job_runs_in_order(tmp
 
 def test_a_launcher_without_slots_is_refused_by_name(runtime: Runtime) -> None:
     with pytest.raises(ECConnectorError, match="0 slots and batches of 256 copies must each be at least 1"):
-        CopyLauncher(runtime.entry, device=0, slots=0)
+        SaveLauncher(runtime.entry, device=0, slots=0)
