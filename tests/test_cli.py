@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import statistics
 import subprocess
@@ -171,6 +172,19 @@ def test_the_plan_call_bench_times_real_planner_calls_against_a_no_op_runtime(tm
     for timings in result.values():
         assert set(timings) == {"load warm", "load cold", "save warm", "save cold"}
         assert all(0 < t["p10_us"] <= t["median_us"] for t in timings.values())
+
+
+def test_the_host_launch_bench_starts_each_call_a_period_after_the_previous_one():
+    """`--period-ms`: the GPU bench paces its timed calls as once per engine step; no period, at once."""
+    sys.path.insert(0, str(ROOT))
+    from bench.copy_host_launch import Pacer
+
+    paced = Pacer(0.003)
+    starts = [paced.start() for _ in range(6)]
+    assert all(later - earlier >= 0.003 for earlier, later in itertools.pairwise(starts))
+    at_once = Pacer(0.0)
+    starts = [at_once.start() for _ in range(6)]
+    assert starts == sorted(starts)
 
 
 def test_aging_bench_shows_the_run_floor_keeping_a_full_tables_entries_in_long_runs():
