@@ -6,7 +6,8 @@ serializes its work with the step thread's own CUDA calls. Here each step runs, 
 over a /dev/shm region, as a vLLM step would:
 
     load of 32 aged entries (start_loads) | ~2 ms of Python | save of the same 32 and its flush |
-    [--gap-us of Python] | 30 small kernel launches | ~2 ms of Python | end of step (clear)
+    [--gap-us of Python] | 30 small kernel launches | [--end-sync: wait for the device] |
+    ~2 ms of Python | end of step (clear)
 
 with the launcher and with the step thread's own driver call (the baseline), in turn, round by
 round, in one process. It prints the median/p10 host µs of the flush, of the launches after it and
@@ -16,6 +17,11 @@ encoder-only instance, whose step ends at the flush) they do not. docs/benchmark
 
     python bench/save_launcher_step.py                 # needs CUDA; gaps 0 and 300 µs
     python bench/save_launcher_step.py --rows 146 1170 --rounds 5
+
+`--end-sync` waits for the device after the launches, as vLLM's model runner does each step when it
+reads the sampled tokens: the next step's load then comes ~2 ms after an idle device, as in an
+engine, and the device's work never piles up across steps (without it, batches of large entries
+queue more copies per step than ~4 ms of Python lets the device finish).
 """
 
 from __future__ import annotations
@@ -54,7 +60,7 @@ def python_work(seconds: float) -> None:
 
 
 def measure(
-    rows: int, gap_us: float, rounds: int, steps: int, shm_dir: Path
+    rows: int, gap_us: float, rounds: int, steps: int, shm_dir: Path, *, end_sync: bool = False
 ) -> dict[str, dict[str, list[float]]]:
     blocks = int(BATCH * rows * 2.2) + 64
     extents = aged(blocks, rows, BATCH, random.Random(1), row_bytes=WIDTH * 2)
@@ -97,6 +103,8 @@ def measure(
                     for _ in range(30):
                         small.add_(1.0)
                     t5 = time.perf_counter()
+                    if end_sync:
+                        torch.cuda.synchronize()
                     python_work(2e-3)
                     worker.clear()
                     region.drain_completions()
@@ -125,6 +133,9 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument("--rounds", type=int, default=3, help="rounds of each variant, in turn")
     parser.add_argument("--steps", type=int, default=60, help="counted steps per round")
+    parser.add_argument(
+        "--end-sync", action="store_true", help="wait for the device after each step's launches"
+    )
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         sys.exit("save_launcher_step needs a CUDA device (the launcher queues CUDA copies)")
@@ -133,9 +144,10 @@ def main(argv: list[str] | None = None) -> None:
     with torch.inference_mode(), scratch_shm_dir("ec_launcher_step") as shm_dir:
         for rows in args.rows:
             for gap in args.gap_us:
-                times = measure(rows, gap, args.rounds, args.steps, shm_dir)
+                times = measure(rows, gap, args.rounds, args.steps, shm_dir, end_sync=args.end_sync)
                 mib = rows * WIDTH * 2 / 2**20
-                print(f"{rows} rows ({mib:.1f} MiB) aged, {gap:.0f} us of Python after the flush")
+                synced = ", the device waited for at each step's end" if args.end_sync else ""
+                print(f"{rows} rows ({mib:.1f} MiB) aged, {gap:.0f} us of Python after the flush{synced}")
                 for name, took in times.items():
                     cells = "  ".join(f"{part} {cell(xs)}" for part, xs in took.items())
                     print(f"  {name:11s} {cells}", flush=True)
