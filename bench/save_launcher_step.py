@@ -3,25 +3,32 @@
 `bench/copy_host_launch.py` times a save's launch alone. The launcher (`TorchCopier(save_launcher=
 True)`, launcher.c) takes the driver's part of that launch off the step thread, but the driver
 serializes its work with the step thread's own CUDA calls. Here each step runs, through `TierWorker`
-over a /dev/shm region, as a vLLM step would:
+over a /dev/shm region, on a stream of the caller's own, as a vLLM step would:
 
-    load of 32 aged entries (start_loads) | ~2 ms of Python | save of the same 32 and its flush |
-    [--gap-us of Python] | 30 small kernel launches | [--end-sync: wait for the device] |
+    load of 32 aged entries (start_loads) | [--encoder-us of device work: the encoder] |
+    ~2 ms of Python | save of the same 32 and its flush | [--gap-us of Python] |
+    30 small kernel launches (the model) | [--end-sync: wait for the caller's stream] |
     ~2 ms of Python | end of step (clear)
 
-with the launcher and with the step thread's own driver call (the baseline), in turn, round by
-round, in one process. It prints the median/p10 host µs of the flush, of the launches after it and
-of the three together, and the launcher's ratio to the baseline. With no gap (a prefill instance:
-the model's launches follow the flush) the launches pay what the flush saved; with a gap (an
-encoder-only instance, whose step ends at the flush) they do not. docs/benchmarks.md, session 12.
+with three ways of queueing the saves, in turn, round by round, in one process: the step thread's
+own driver call (the baseline, the default of roles that load), the launcher's thread at once (the
+producers' default), and the launcher's thread once the device has produced the payloads
+(`save_when_ready`: it waits on the host for each save's fence). It prints the median/p10 host µs of
+the load, of the save and its flush, of the launches after it and of the three together, and each
+variant's ratio to the baseline. With no gap (a prefill instance: the model's launches follow the
+flush) the launches pay what the flush saved, when the launcher queues at once; with a gap (an
+encoder-only instance, whose step ends at the flush) they do not. docs/benchmarks.md, sessions 12
+and 17.
 
     python bench/save_launcher_step.py                 # needs CUDA; gaps 0 and 300 µs
     python bench/save_launcher_step.py --rows 146 1170 --rounds 5
+    python bench/save_launcher_step.py --gap-us 0 --encoder-us 4000 --end-sync
 
-`--end-sync` waits for the device after the launches, as vLLM's model runner does each step when it
-reads the sampled tokens: the next step's load then comes ~2 ms after an idle device, as in an
-engine, and the device's work never piles up across steps (without it, batches of large entries
-queue more copies per step than ~4 ms of Python lets the device finish).
+`--encoder-us` queues that much device work on the caller's stream right after the load, standing
+for the encoder whose outputs the step then saves (in vLLM, `save_caches` follows the encoder's
+launches long before the device has run them). `--end-sync` waits for the caller's stream after the
+launches, as vLLM's model runner does each step when it reads the sampled tokens: the next step's
+load then comes ~2 ms after the device has caught up, as in an engine.
 """
 
 from __future__ import annotations
@@ -59,8 +66,29 @@ def python_work(seconds: float) -> None:
         pass
 
 
+def sleep_cycles_per_us() -> float:
+    """GPU clock cycles of `torch.cuda._sleep` per µs on this device (measured with events)."""
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    torch.cuda._sleep(1_000_000)  # warm-up
+    start.record()
+    torch.cuda._sleep(20_000_000)
+    end.record()
+    end.synchronize()
+    return 20_000_000 / (start.elapsed_time(end) * 1e3)
+
+
+VARIANTS = {"step thread": (False, False), "launcher": (True, False), "when ready": (True, True)}
+
+
 def measure(
-    rows: int, gap_us: float, rounds: int, steps: int, shm_dir: Path, *, end_sync: bool = False
+    rows: int,
+    gap_us: float,
+    rounds: int,
+    steps: int,
+    shm_dir: Path,
+    *,
+    end_sync: bool = False,
+    encoder_cycles: int = 0,
 ) -> dict[str, dict[str, list[float]]]:
     blocks = int(BATCH * rows * 2.2) + 64
     extents = aged(blocks, rows, BATCH, random.Random(1), row_bytes=WIDTH * 2)
@@ -69,14 +97,12 @@ def measure(
     cache = {f"k{i}": p for i, p in enumerate(payloads)}
     small = torch.zeros(1024, device="cuda")
     tickets = iter(range(1, 1 << 60))
-    variants = {"launcher": True, "step thread": False}
-    times: dict[str, dict[str, list[float]]] = {v: {p: [] for p in PARTS} for v in variants}
+    times: dict[str, dict[str, list[float]]] = {v: {p: [] for p in PARTS} for v in VARIANTS}
+    caller = torch.cuda.current_stream()
     for r in range(rounds):
-        for name, launcher in variants.items():
-            region = ShmRegion.open(
-                instance=f"sl{r}{int(launcher)}", dp_rank=0, layout=layout, shm_dir=str(shm_dir)
-            )
-            copier = TorchCopier(region, device="cuda", save_launcher=launcher)
+        for n, (name, (launcher, when_ready)) in enumerate(VARIANTS.items()):
+            region = ShmRegion.open(instance=f"sl{r}{n}", dp_rank=0, layout=layout, shm_dir=str(shm_dir))
+            copier = TorchCopier(region, device="cuda", save_launcher=launcher, save_when_ready=when_ready)
             worker = TierWorker(role=Role.BOTH, rank=0, writer=True, region=region, copier=copier)
             loaded: dict = {}
             try:
@@ -92,6 +118,8 @@ def measure(
                     worker.bind(StepPlan(saves=saves, loads=loads))
                     worker.start_loads(loaded)
                     t1 = time.perf_counter()
+                    if encoder_cycles:
+                        torch.cuda._sleep(encoder_cycles)
                     python_work(2e-3)
                     t2 = time.perf_counter()
                     for key in cache:
@@ -104,7 +132,7 @@ def measure(
                         small.add_(1.0)
                     t5 = time.perf_counter()
                     if end_sync:
-                        torch.cuda.synchronize()
+                        caller.synchronize()
                     python_work(2e-3)
                     worker.clear()
                     region.drain_completions()
@@ -134,27 +162,37 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--rounds", type=int, default=3, help="rounds of each variant, in turn")
     parser.add_argument("--steps", type=int, default=60, help="counted steps per round")
     parser.add_argument(
-        "--end-sync", action="store_true", help="wait for the device after each step's launches"
+        "--end-sync", action="store_true", help="wait for the caller's stream after each step's launches"
+    )
+    parser.add_argument(
+        "--encoder-us", type=float, default=0.0, help="device work queued right after the load (µs)"
     )
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         sys.exit("save_launcher_step needs a CUDA device (the launcher queues CUDA copies)")
     configure_logging(level="WARNING")  # not the regions' creation and join lines
     print(f"# {torch.cuda.get_device_name()} torch {torch.__version__}; batches of {BATCH}; median/p10 us")
-    with torch.inference_mode(), scratch_shm_dir("ec_launcher_step") as shm_dir:
+    own = torch.cuda.Stream()  # vLLM's model runner works on a stream of its own
+    with torch.inference_mode(), torch.cuda.stream(own), scratch_shm_dir("ec_launcher_step") as shm_dir:
+        cycles = int(args.encoder_us * sleep_cycles_per_us())
         for rows in args.rows:
             for gap in args.gap_us:
-                times = measure(rows, gap, args.rounds, args.steps, shm_dir, end_sync=args.end_sync)
+                times = measure(
+                    rows, gap, args.rounds, args.steps, shm_dir, end_sync=args.end_sync, encoder_cycles=cycles
+                )
                 mib = rows * WIDTH * 2 / 2**20
-                synced = ", the device waited for at each step's end" if args.end_sync else ""
-                print(f"{rows} rows ({mib:.1f} MiB) aged, {gap:.0f} us of Python after the flush{synced}")
+                encoder = f", {args.encoder_us:.0f} us of encoder on the device" if cycles else ""
+                synced = ", the caller's stream waited for at each step's end" if args.end_sync else ""
+                what = f"{gap:.0f} us of Python after the flush{encoder}{synced}"
+                print(f"{rows} rows ({mib:.1f} MiB) aged, {what}")
                 for name, took in times.items():
                     cells = "  ".join(f"{part} {cell(xs)}" for part, xs in took.items())
                     print(f"  {name:11s} {cells}", flush=True)
-                ratio = statistics.median(times["launcher"]["all three"]) / statistics.median(
-                    times["step thread"]["all three"]
+                base = statistics.median(times["step thread"]["all three"])
+                ratios = ", ".join(
+                    f"{name} {statistics.median(times[name]['all three']) / base:.2f}" for name in VARIANTS
                 )
-                print(f"  launcher / step thread, all three (median): {ratio:.2f}", flush=True)
+                print(f"  all three (median) against the step thread: {ratios}", flush=True)
 
 
 def cell(xs: list[float]) -> str:

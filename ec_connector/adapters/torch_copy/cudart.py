@@ -28,6 +28,7 @@ SUCCESS = 0
 NOT_READY = 600
 ALREADY_REGISTERED = 712
 _MEMCPY_DEFAULT = 4
+_EVENT_BLOCKING_SYNC = 0x1
 _EVENT_DISABLE_TIMING = 0x2
 _SRC_ACCESS_ORDER_STREAM = 0x1
 # cudaMemcpySrcAccessOrderAny: the driver may read the source out of stream order, during or after
@@ -66,7 +67,8 @@ class _MemcpyAttributes(ctypes.Structure):
 @dataclass(frozen=True)
 class EntryPoints:
     """C function addresses (cudaSetDevice, cudaStreamWaitEvent, cudaEventRecord, cudaMemcpyAsync,
-    cudaMemcpyBatchAsync), and what a batch call takes besides its columns."""
+    cudaMemcpyBatchAsync), what a batch call takes besides its columns, and cudaEventSynchronize
+    (0: none given)."""
 
     set_device: int
     wait: int
@@ -77,6 +79,7 @@ class EntryPoints:
     attrs: int
     attr_index: int
     batch_max: int
+    event_sync: int = 0
 
 
 class CudaRuntime:
@@ -155,6 +158,7 @@ class CudaRuntime:
             attrs=self._attrs_address,
             attr_index=attr_index,
             batch_max=batch_max,
+            event_sync=_function_address(self._lib.cudaEventSynchronize),
         )
 
     def driver_table(self) -> np.ndarray:
@@ -210,9 +214,11 @@ class CudaRuntime:
 
     # -- events and streams -----------------------------------------------------------------------
 
-    def event(self, *, timing: bool) -> int:
+    def event(self, *, timing: bool, blocking: bool = False) -> int:
+        """A new event; `blocking`: a host thread that synchronizes on it sleeps instead of spinning."""
         out = _vp()
-        err = self._lib.cudaEventCreateWithFlags(ctypes.byref(out), 0 if timing else _EVENT_DISABLE_TIMING)
+        flags = (0 if timing else _EVENT_DISABLE_TIMING) | (_EVENT_BLOCKING_SYNC if blocking else 0)
+        err = self._lib.cudaEventCreateWithFlags(ctypes.byref(out), flags)
         self.check(err, "cudaEventCreateWithFlags")
         return int(out.value or 0)
 
