@@ -10,19 +10,17 @@ over a /dev/shm region, on a stream of the caller's own, as a vLLM step would:
     30 small kernel launches (the model) | [--end-sync: wait for the caller's stream] |
     ~2 ms of Python | end of step (clear)
 
-with three ways of queueing the saves, in turn, round by round, in one process: the step thread's
-own driver call (the baseline, the default of roles that load), the launcher's thread at once (the
-producers' default), and the launcher's thread once the device has produced the payloads
-(`save_when_ready`: it waits on the host for each save's fence). It prints the median/p10 host µs of
-the load, of the save and its flush, of the launches after it and of the three together, and each
-variant's ratio to the baseline. With no gap (a prefill instance: the model's launches follow the
-flush) the launches pay what the flush saved, when the launcher queues at once; with a gap (an
-encoder-only instance, whose step ends at the flush) they do not. docs/benchmarks.md, sessions 12
-and 17.
+with the launcher and with the step thread's own driver call (the baseline), in turn, round by
+round, in one process. It prints the median/p10 host µs of the load, of the save and its flush, of
+the launches after it and of the three together, and the launcher's ratio to the baseline. From the
+legacy default stream (`--stream default`, the setting of session 12) the launches right after the
+flush paid what the flush saved; from a stream of the caller's own, as vLLM's model runner calls,
+they do not (session 17). docs/benchmarks.md, sessions 12 and 17.
 
     python bench/save_launcher_step.py                 # needs CUDA; gaps 0 and 300 µs
     python bench/save_launcher_step.py --rows 146 1170 --rounds 5
     python bench/save_launcher_step.py --gap-us 0 --encoder-us 4000 --end-sync
+    python bench/save_launcher_step.py --stream default   # from the legacy default stream
 
 `--encoder-us` queues that much device work on the caller's stream right after the load, standing
 for the encoder whose outputs the step then saves (in vLLM, `save_caches` follows the encoder's
@@ -77,7 +75,7 @@ def sleep_cycles_per_us() -> float:
     return 20_000_000 / (start.elapsed_time(end) * 1e3)
 
 
-VARIANTS = {"step thread": (False, False), "launcher": (True, False), "when ready": (True, True)}
+VARIANTS = {"step thread": False, "launcher": True}
 
 
 def measure(
@@ -100,9 +98,9 @@ def measure(
     times: dict[str, dict[str, list[float]]] = {v: {p: [] for p in PARTS} for v in VARIANTS}
     caller = torch.cuda.current_stream()
     for r in range(rounds):
-        for n, (name, (launcher, when_ready)) in enumerate(VARIANTS.items()):
+        for n, (name, launcher) in enumerate(VARIANTS.items()):
             region = ShmRegion.open(instance=f"sl{r}{n}", dp_rank=0, layout=layout, shm_dir=str(shm_dir))
-            copier = TorchCopier(region, device="cuda", save_launcher=launcher, save_when_ready=when_ready)
+            copier = TorchCopier(region, device="cuda", save_launcher=launcher)
             worker = TierWorker(role=Role.BOTH, rank=0, writer=True, region=region, copier=copier)
             loaded: dict = {}
             try:
@@ -167,13 +165,21 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--encoder-us", type=float, default=0.0, help="device work queued right after the load (µs)"
     )
+    parser.add_argument(
+        "--stream",
+        choices=("own", "default"),
+        default="own",
+        help="the caller's stream: one of its own, as vLLM's model runner has (default), or the legacy "
+        "default stream",
+    )
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         sys.exit("save_launcher_step needs a CUDA device (the launcher queues CUDA copies)")
     configure_logging(level="WARNING")  # not the regions' creation and join lines
     print(f"# {torch.cuda.get_device_name()} torch {torch.__version__}; batches of {BATCH}; median/p10 us")
-    own = torch.cuda.Stream()  # vLLM's model runner works on a stream of its own
-    with torch.inference_mode(), torch.cuda.stream(own), scratch_shm_dir("ec_launcher_step") as shm_dir:
+    # vLLM's model runner works on a stream of its own
+    caller = torch.cuda.Stream() if args.stream == "own" else torch.cuda.default_stream()
+    with torch.inference_mode(), torch.cuda.stream(caller), scratch_shm_dir("ec_launcher_step") as shm_dir:
         cycles = int(args.encoder_us * sleep_cycles_per_us())
         for rows in args.rows:
             for gap in args.gap_us:
@@ -183,16 +189,16 @@ def main(argv: list[str] | None = None) -> None:
                 mib = rows * WIDTH * 2 / 2**20
                 encoder = f", {args.encoder_us:.0f} us of encoder on the device" if cycles else ""
                 synced = ", the caller's stream waited for at each step's end" if args.end_sync else ""
-                what = f"{gap:.0f} us of Python after the flush{encoder}{synced}"
+                legacy = ", from the legacy default stream" if args.stream == "default" else ""
+                what = f"{gap:.0f} us of Python after the flush{encoder}{synced}{legacy}"
                 print(f"{rows} rows ({mib:.1f} MiB) aged, {what}")
                 for name, took in times.items():
                     cells = "  ".join(f"{part} {cell(xs)}" for part, xs in took.items())
                     print(f"  {name:11s} {cells}", flush=True)
-                base = statistics.median(times["step thread"]["all three"])
-                ratios = ", ".join(
-                    f"{name} {statistics.median(times[name]['all three']) / base:.2f}" for name in VARIANTS
+                ratio = statistics.median(times["launcher"]["all three"]) / statistics.median(
+                    times["step thread"]["all three"]
                 )
-                print(f"  all three (median) against the step thread: {ratios}", flush=True)
+                print(f"  launcher / step thread, all three (median): {ratio:.2f}", flush=True)
 
 
 def cell(xs: list[float]) -> str:

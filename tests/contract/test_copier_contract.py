@@ -79,10 +79,7 @@ class Kit:
 
 
 def _torch_kit(device: str, region_kind: str, **options: object) -> Kit:
-    launched = ("-launcher" if options.get("save_launcher") else "") + (
-        "-when-ready" if options.get("save_when_ready") else ""
-    )
-    name = f"torch-{device}" + ("-shm" if region_kind == "shm" else "") + launched
+    name = f"torch-{device}" + ("-shm" if region_kind == "shm" else "") + ("-launcher" if options else "")
     return Kit(
         name,
         region_kind,
@@ -100,12 +97,6 @@ KITS = [
     pytest.param(_torch_kit("cuda", "shm"), id="torch-cuda-shm", marks=NO_CUDA),
     # copy-engine saves queued on the driver by the save launcher's native thread
     pytest.param(_torch_kit("cuda", "shm", save_launcher=True), id="torch-cuda-launcher", marks=NO_CUDA),
-    # ... each once the device has produced its payloads (the launcher waits on the host for the fence)
-    pytest.param(
-        _torch_kit("cuda", "shm", save_launcher=True, save_when_ready=True),
-        id="torch-cuda-when-ready",
-        marks=NO_CUDA,
-    ),
     # every run through the copy kernel (by default small batches go to the copy engines)
     pytest.param(_torch_kit("cuda", "memory", dma_min_bytes=None), id="torch-cuda-kernel", marks=NO_CUDA),
 ]

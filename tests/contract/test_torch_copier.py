@@ -167,11 +167,6 @@ def test_other_dtypes_and_widths_round_trip(layout: Layout, device: str) -> None
         region.close()
 
 
-def test_waiting_for_the_payloads_without_the_save_launcher_is_refused(region: MemoryRegion) -> None:
-    with pytest.raises(ValueError, match="save_when_ready=True needs save_launcher=True"):
-        TorchCopier(region, device="cpu", save_when_ready=True)
-
-
 def test_an_unknown_device_is_refused(region: MemoryRegion) -> None:
     with pytest.raises(ValueError, match="'meta' is not supported"):
         TorchCopier(region, device="meta")
@@ -435,18 +430,13 @@ def test_runs_split_between_copy_engines_and_kernel_round_trip(
 
 
 @CUDA
-@pytest.mark.parametrize(
-    "launcher, when_ready",
-    [(True, False), (True, True), (False, False)],
-    ids=["launcher", "when-ready", "step-thread"],
-)
+@pytest.mark.parametrize("launcher", [True, False], ids=["launcher", "step-thread"])
 def test_a_save_waits_for_the_callers_queued_writes_to_its_payload(
-    region: MemoryRegion, launcher: bool, when_ready: bool
+    region: MemoryRegion, launcher: bool
 ) -> None:
     """The payload is written on the caller's stream behind ~0.5 s of queued work when `save` is
-    called: the copy (queued by the launcher's thread, at once or once the write is done, or by this
-    one) must see the written bytes."""
-    copier = TorchCopier(region, device="cuda", save_launcher=launcher, save_when_ready=when_ready)
+    called: the copy (queued by the launcher's thread, or by this one) must see the written bytes."""
+    copier = TorchCopier(region, device="cuda", save_launcher=launcher)
     try:
         extents = (Extent(100, 64), Extent(3000, 64))  # two long runs: copy engines only
         wanted = payload(128, LAYOUT, "cuda", seed=21)
@@ -494,18 +484,11 @@ def test_launched_saves_kernel_saves_and_loads_interleave_with_the_right_bytes(r
 
 
 @CUDA
-@pytest.mark.parametrize("when_ready", [False, True], ids=["at-once", "when-ready"])
-def test_close_waits_for_saves_the_launcher_has_not_queued_yet(
-    region: MemoryRegion, when_ready: bool
-) -> None:
-    """Close right after a burst of launched saves: every one lands before the registration goes.
-    When ready, the launcher is still waiting for the first payloads (queued behind ~0.2 s of work)
-    when close is called."""
-    copier = TorchCopier(region, device="cuda", save_launcher=True, save_when_ready=when_ready)
+def test_close_waits_for_saves_the_launcher_has_not_queued_yet(region: MemoryRegion) -> None:
+    """Close right after a burst of launched saves: every one lands before the registration goes."""
+    copier = TorchCopier(region, device="cuda", save_launcher=True)
     entries = [(Extent(64 * i, 48),) for i in range(60)]
     sources = payloads(entries, LAYOUT, "cuda")
-    if when_ready:
-        torch.cuda._sleep(200_000_000)
     for ext, src in zip(entries, sources, strict=True):
         copier.save([SaveJob(planned(ext), src)])
     copier.close()

@@ -60,12 +60,6 @@ DEVICES = [
         id="cuda-launcher",
         marks=[pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason=_NO_CUDA)],
     ),
-    # ... once the device has produced them (the launcher waits on the host for each save's fence)
-    pytest.param(
-        "cuda+when-ready",
-        id="cuda-when-ready",
-        marks=[pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason=_NO_CUDA)],
-    ),
 ]
 
 
@@ -127,9 +121,7 @@ def _worker_main(rank: int, setup: dict[str, Any], commands: Any, results: Any) 
             ranks=WORKERS,
             shm_dir=setup["shm_dir"],
         )
-        copier = TorchCopier(
-            region, device=device, save_launcher=bool(launcher), save_when_ready=launcher == "when-ready"
-        )
+        copier = TorchCopier(region, device=device, save_launcher=launcher == "launcher")
         worker = TierWorker(role=Role.BOTH, rank=rank, writer=(rank == 0), region=region, copier=copier)
         results.put(("ready", rank, {"device": str(copier.device)}))
         while True:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import ctypes
 import threading
-from collections.abc import Callable
 
 import numpy as np
 
@@ -23,14 +22,11 @@ RECORD = ctypes.CFUNCTYPE(_int, _vp, _vp)
 MEMCPY = ctypes.CFUNCTYPE(_int, _vp, _vp, _sz, _int, _vp)
 BATCH13 = ctypes.CFUNCTYPE(_int, _vp, _vp, _vp, _sz, _vp, _vp, _sz, _vp)
 BATCH12 = ctypes.CFUNCTYPE(_int, _vp, _vp, _vp, _sz, _vp, _vp, _sz, _vp, _vp)
-SYNC = ctypes.CFUNCTYPE(_int, _vp)
 ATTRS, SETTLED_ATTRS, ATTR_INDEX = 0xA770, 0xA771, 0x1D0
 
 
 class Runtime:
-    """Entry points that log their calls; `fail` maps (call name, nth call of that name) to an error.
-    `on_sync(event)`, when set, runs inside cudaEventSynchronize (on the caller's thread: the
-    launcher's) before it returns, e.g. to hold the launcher there."""
+    """Entry points that log their calls; `fail` maps (call name, nth call of that name) to an error."""
 
     def __init__(self, *, fail_index: bool = False, batch_max: int = 256) -> None:
         self.calls: list[tuple] = []
@@ -39,7 +35,6 @@ class Runtime:
         self.threads: set[int] = set()
         self.fail: dict[tuple[str, int], int] = {}
         self._seen: dict[str, int] = {}
-        self.on_sync: Callable[[int], None] | None = None
 
         def log(name: str, *args: object) -> int:
             self.threads.add(threading.get_ident())
@@ -60,25 +55,15 @@ class Runtime:
                 assert rest[0], "CUDA 12.8-12.9 take a failIdx pointer before the stream"
             return log("batch", stream, columns(d, s, n, count))
 
-        def sync(event: int) -> int:
-            if self.on_sync is not None:
-                self.on_sync(event)
-            return log("sync", event)
-
         self._keep = [
             SET_DEVICE(lambda device: log("device", device)),
             WAIT(lambda stream, event, flags: log("wait", stream, event)),
             RECORD(lambda event, stream: log("record", event, stream)),
             MEMCPY(lambda d, s, n, kind, stream: log("memcpy", stream, [(d, s, n)])),
             (BATCH12 if fail_index else BATCH13)(batch),
-            SYNC(sync),
         ]
-        set_device, wait, record, memcpy, batch_call, event_sync = (
-            ctypes.cast(fn, _vp).value or 0 for fn in self._keep
-        )
-        self.entry = EntryPoints(
-            set_device, wait, record, memcpy, batch_call, fail_index, ATTRS, ATTR_INDEX, batch_max, event_sync
-        )
+        address = [ctypes.cast(fn, _vp).value or 0 for fn in self._keep]
+        self.entry = EntryPoints(*address, fail_index, ATTRS, ATTR_INDEX, batch_max)  # type: ignore[arg-type]
 
     def driver_table(self) -> np.ndarray:
         """queue.h's ec_driver_t over these entry points (what CudaRuntime.driver_table gives), made

@@ -9,7 +9,6 @@ CUDA contract and worker suites run the same launcher against the real runtime o
 from __future__ import annotations
 
 import ctypes
-import dataclasses
 import subprocess
 import threading
 from collections.abc import Iterator
@@ -79,86 +78,6 @@ def test_each_job_waits_for_its_fence_then_records_start_copies_and_end_in_order
     ]
     assert threading.get_ident() not in runtime.threads, "the calls run on the launcher's own thread"
     assert launcher.failure() is None
-
-
-def test_when_ready_each_job_waits_on_the_host_for_its_fence_then_is_queued_without_a_stream_wait(
-    runtime: Runtime,
-) -> None:
-    launcher = SaveLauncher(runtime.entry, device=3, when_ready=True)
-    one, many = Job(1, 100), Job(5, 200)
-    try:
-        one.submit(launcher, 0x51, (0xF1, 0xA1, 0xE1))
-        many.submit(launcher, 0x52, (0xF2, 0xA2, 0xE2))
-        launcher.drain()
-        assert launcher.done() == 2
-    finally:
-        launcher.close()
-    assert runtime.calls == [
-        ("device", 3),
-        ("sync", 0xF1),  # the fence has fired: the payloads are written, nothing to wait for on the stream
-        ("record", 0xA1, 0x51),
-        ("memcpy", 0x51, one.copies()),
-        ("record", 0xE1, 0x51),
-        ("sync", 0xF2),
-        ("record", 0xA2, 0x52),
-        ("batch", 0x52, many.copies()),
-        ("record", 0xE2, 0x52),
-    ]
-
-
-def test_when_ready_a_job_is_not_queued_while_its_fence_has_not_fired(runtime: Runtime) -> None:
-    """The launcher's thread sits in cudaEventSynchronize until the payloads are produced; `done`
-    meanwhile counts the job as not queued (poll keeps its batch in flight), and later jobs wait
-    behind it in order."""
-    fired = threading.Event()
-    inside = threading.Event()
-
-    def hold(event: int) -> None:
-        if event == 0xF1:
-            inside.set()
-            assert fired.wait(10), "the test never fired the fence"
-
-    runtime.on_sync = hold
-    launcher = SaveLauncher(runtime.entry, device=0, when_ready=True)
-    try:
-        Job(2, 10).submit(launcher, 0x51, (0xF1, 0xA1, 0xE1))
-        Job(2, 20).submit(launcher, 0x52, (0xF2, 0xA2, 0xE2))
-        assert inside.wait(10), "the launcher never waited for the first fence"
-        assert launcher.done() == 0
-        assert [c[0] for c in runtime.calls] == ["device"], "nothing is queued before the fence fires"
-        fired.set()
-        launcher.drain()
-        assert launcher.done() == 2
-    finally:
-        fired.set()
-        launcher.close()
-    assert [c[1] for c in runtime.calls if c[0] == "batch"] == [0x51, 0x52]
-
-
-def test_when_ready_a_failed_wait_for_the_fence_is_named_and_later_jobs_are_skipped(runtime: Runtime) -> None:
-    runtime.fail[("sync", 1)] = 999
-    launcher = SaveLauncher(runtime.entry, device=0, when_ready=True)
-    try:
-        for n in range(3):
-            Job(2, 10 * (n + 1)).submit(launcher, 0x50 + n, (0xF0 + n, 0xA0 + n, 0xE0 + n))
-        launcher.drain()
-        named = (
-            r"cudaEventSynchronize \(the launcher's wait for the payloads' fence\) of save job 1 "
-            "failed with CUDA error 999"
-        )
-        with pytest.raises(ECConnectorError, match=named):
-            launcher.done()
-    finally:
-        launcher.close()
-    assert [c[1] for c in runtime.calls if c[0] == "batch"] == [0x50]
-
-
-def test_a_launcher_that_waits_for_its_payloads_without_cudaEventSynchronize_is_refused(
-    runtime: Runtime,
-) -> None:
-    entry = dataclasses.replace(runtime.entry, event_sync=0)
-    with pytest.raises(ECConnectorError, match="needs cudaEventSynchronize's entry point"):
-        SaveLauncher(entry, device=0, when_ready=True)
 
 
 def test_long_jobs_are_cut_into_batch_calls_in_order() -> None:

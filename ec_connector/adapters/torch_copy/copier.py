@@ -27,9 +27,7 @@ class TorchCopier:
     ones or one short one per entry, go to the copy engines (None: none do); the other runs to the
     copy kernel, whose tiles `tile_bytes` and `num_warps` size, alongside. `save_launcher`: saves
     wholly on the copy engines are queued by a native thread (launcher.c), not the caller's (a gain
-    where the caller makes no CUDA call right after: see `launcher.py`). `save_when_ready` (with
-    `save_launcher`): that thread queues a save's copies only once the device has produced its
-    payloads, waiting on the host meanwhile (see `launcher.py`). Close the copier before
+    where the caller makes no CUDA call right after: see `launcher.py`). Close the copier before
     its region: it holds a view of the region's memory (and, on CUDA, a registration) until
     `close()`. Not thread-safe: its callers serialize their calls (`TierWorker` makes every call
     under one lock).
@@ -45,10 +43,7 @@ class TorchCopier:
         num_warps: int = 4,
         dma_min_bytes: int | None = DMA_MIN_BYTES,
         save_launcher: bool = False,
-        save_when_ready: bool = False,
     ) -> None:
-        if save_when_ready and not save_launcher:
-            raise ValueError("TorchCopier save_when_ready=True needs save_launcher=True")
         layout = region.layout
         self._region_name = region.name
         self._layout: Layout = layout
@@ -72,7 +67,6 @@ class TorchCopier:
                 num_warps=num_warps,
                 dma_min_bytes=dma_min_bytes,
                 launcher=save_launcher,
-                launch_when_ready=save_when_ready,
             )
         else:
             raise ValueError(f"TorchCopier device {device!r} is not supported; use 'cpu' or 'cuda[:N]'")

@@ -11,11 +11,8 @@ stream) goes onto that stream itself: start event, copies, end event, nothing to
 With the save launcher on (`launcher`), a save wholly on the copy engines is handed, planned, to
 launcher.c instead: the step thread records the fence and returns, and the launcher's native
 thread queues the rest on a copy stream of its own (the driver's ~1 µs per copy off the step
-thread). With `launch_when_ready` as well, that thread first waits on the host until the device has
-produced the payloads (the fence, a blocking-sync event, has fired) and then queues the copies, so
-its driver calls fall while the step thread waits for the device rather than beside the model's
-launches that follow the flush (launcher.py). Loads, and saves with kernel runs (the Triton launch
-is Python), are queued by the calling thread.
+thread). Loads, and saves with kernel runs (the Triton launch is Python), are queued by the calling
+thread.
 
 Long runs (>= `dma_min_bytes`) go to the copy engines, which reach the PCIe limit; short runs go to
 one Triton kernel that reads or writes the region through its mapped device address, so a batch
@@ -120,7 +117,6 @@ class CudaEngine:
         num_warps: int,
         dma_min_bytes: int | None,
         launcher: bool = False,
-        launch_when_ready: bool = False,
     ) -> None:
         from ec_connector.adapters.torch_copy import kernels
 
@@ -187,7 +183,6 @@ class CudaEngine:
         # such save: ranks that never save have none), on streams of their own (the caller's streams
         # would order its queued work after the launcher's, unpredictably)
         self._launch_saves = launcher and self._rt.has_batch_copy
-        self._when_ready = launch_when_ready
         self._save_launcher: SaveLauncher | None = None
         self._launched_streams: list[torch.cuda.Stream] = []
         self._fences: list[int] = []
@@ -397,13 +392,11 @@ class CudaEngine:
         """Record the batch's fence on the caller's stream and submit its copies to the launcher."""
         rt = self._rt
         start, end = self._take_events()
-        fence = self._fences.pop() if self._fences else rt.event(timing=False, blocking=self._when_ready)
+        fence = self._fences.pop() if self._fences else rt.event(timing=False)
         rt.record(fence, caller)
         launcher = self._save_launcher
         if launcher is None:
-            launcher = self._save_launcher = SaveLauncher(
-                self._rt.entry_points(), self._index, when_ready=self._when_ready
-            )
+            launcher = self._save_launcher = SaveLauncher(self._rt.entry_points(), self._index)
             with torch.cuda.device(self._device):
                 self._launched_streams = [torch.cuda.Stream(self._device) for _ in self._save_streams]
         stream = self._next(self._launched_streams).cuda_stream

@@ -28,7 +28,6 @@ SUCCESS = 0
 NOT_READY = 600
 ALREADY_REGISTERED = 712
 _MEMCPY_DEFAULT = 4
-_EVENT_BLOCKING_SYNC = 0x1
 _EVENT_DISABLE_TIMING = 0x2
 _SRC_ACCESS_ORDER_STREAM = 0x1
 # cudaMemcpySrcAccessOrderAny: the driver may read the source out of stream order, during or after
@@ -67,8 +66,7 @@ class _MemcpyAttributes(ctypes.Structure):
 @dataclass(frozen=True)
 class EntryPoints:
     """C function addresses (cudaSetDevice, cudaStreamWaitEvent, cudaEventRecord, cudaMemcpyAsync,
-    cudaMemcpyBatchAsync), what a batch call takes besides its columns, and cudaEventSynchronize
-    (0: none given)."""
+    cudaMemcpyBatchAsync), and what a batch call takes besides its columns."""
 
     set_device: int
     wait: int
@@ -79,7 +77,6 @@ class EntryPoints:
     attrs: int
     attr_index: int
     batch_max: int
-    event_sync: int = 0
 
 
 class CudaRuntime:
@@ -158,7 +155,6 @@ class CudaRuntime:
             attrs=self._attrs_address,
             attr_index=attr_index,
             batch_max=batch_max,
-            event_sync=_function_address(self._lib.cudaEventSynchronize),
         )
 
     def driver_table(self) -> np.ndarray:
@@ -214,11 +210,9 @@ class CudaRuntime:
 
     # -- events and streams -----------------------------------------------------------------------
 
-    def event(self, *, timing: bool, blocking: bool = False) -> int:
-        """A new event; `blocking`: a host thread that synchronizes on it sleeps instead of spinning."""
+    def event(self, *, timing: bool) -> int:
         out = _vp()
-        flags = (0 if timing else _EVENT_DISABLE_TIMING) | (_EVENT_BLOCKING_SYNC if blocking else 0)
-        err = self._lib.cudaEventCreateWithFlags(ctypes.byref(out), flags)
+        err = self._lib.cudaEventCreateWithFlags(ctypes.byref(out), 0 if timing else _EVENT_DISABLE_TIMING)
         self.check(err, "cudaEventCreateWithFlags")
         return int(out.value or 0)
 

@@ -10,12 +10,6 @@
  * sequence, which batchplan.c makes on the step thread for every other copy-engine batch. Loads stay
  * on the step thread: the caller's stream must wait on their end event before the step goes on.
  *
- * Given `event_sync` (cudaEventSynchronize), the thread first waits on the host for each job's fence,
- * i.e. until the device has produced the payloads, and then queues the job without the stream wait:
- * its driver calls then fall while the step thread waits for the device (the model's step), not
- * beside the launches it makes right after the flush. The fences should be blocking-sync events,
- * so that the thread sleeps meanwhile.
- *
  * Jobs run in submission order. The first failing CUDA call is recorded (its job, call and error)
  * and every later job is skipped; the Python side raises it at its next look. No Python headers:
  * loaded with ctypes (launcher.py), the CUDA entry points passed in as addresses, so tests can pass
@@ -30,7 +24,6 @@
 #include "queue.h"
 
 typedef int (*set_device_fn)(int device);
-typedef int (*event_sync_fn)(void *event);
 
 typedef struct {
     int64_t stream, fence, start, end, count, capacity;
@@ -49,22 +42,15 @@ typedef struct {
     int64_t error_call, error_code;
     int64_t device;
     set_device_fn set_device;
-    event_sync_fn event_sync; /* NULL: queue each job at once, behind a stream wait on its fence */
     ec_driver_t driver;
     void *attrs;
 } launcher_t;
 
 static int run_job(launcher_t *l, job_t *j, int64_t *call) {
     const int64_t *dst = j->columns, *src = dst + j->capacity, *size = src + j->capacity;
-    void *fence = (void *)(intptr_t)j->fence;
-    if (l->event_sync && fence) { /* the payloads are ready once it returns: no stream wait needed */
-        *call = EC_CALL_READY;
-        int err = l->event_sync(fence);
-        if (err) return err;
-        fence = NULL;
-    }
-    return ec_queue_copies(&l->driver, (void *)(intptr_t)j->stream, fence, (void *)(intptr_t)j->start,
-                           (void *)(intptr_t)j->end, dst, src, size, j->count, l->attrs, call);
+    return ec_queue_copies(&l->driver, (void *)(intptr_t)j->stream, (void *)(intptr_t)j->fence,
+                           (void *)(intptr_t)j->start, (void *)(intptr_t)j->end, dst, src, size,
+                           j->count, l->attrs, call);
 }
 
 static void *serve(void *arg) {
@@ -100,10 +86,10 @@ static void *serve(void *arg) {
 
 /* A launcher with `slots` job slots for the streams of CUDA device `device`; NULL when out of
  * memory or the thread cannot start. `batch` may be NULL (copies go one cudaMemcpyAsync at a
- * time); `event_sync` may be NULL (each job is queued at once, its stream waiting for its fence). */
+ * time). */
 void *ec_launcher_new(int64_t slots, int64_t device, void *set_device, void *wait, void *record,
                       void *memcpy1, void *batch, int64_t batch_has_fail_index, void *attrs,
-                      void *attr_index, int64_t batch_max, void *event_sync) {
+                      void *attr_index, int64_t batch_max) {
     if (slots < 1 || batch_max < 1) return NULL;
     launcher_t *l = calloc(1, sizeof *l);
     if (!l) return NULL;
@@ -117,7 +103,6 @@ void *ec_launcher_new(int64_t slots, int64_t device, void *set_device, void *wai
     l->error_job = -1;
     l->device = device;
     l->set_device = (set_device_fn)set_device;
-    l->event_sync = (event_sync_fn)event_sync;
     l->driver = (ec_driver_t){(int64_t)(intptr_t)wait,  (int64_t)(intptr_t)record,
                               (int64_t)(intptr_t)memcpy1, (int64_t)(intptr_t)batch,
                               batch_has_fail_index,      batch_max,

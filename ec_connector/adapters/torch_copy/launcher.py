@@ -13,13 +13,6 @@ while after 300 Âµs of Python they took no longer and each step came out 15-60 Â
 where the step does not go on into CUDA calls at once: an encoder-only instance, whose step ends
 at the flush that launches its saves. The container turns it on for producers only.
 
-`when_ready`: the thread first waits on the host for each job's fence (cudaEventSynchronize; the
-engine makes those fences blocking-sync events, so it sleeps), i.e. until the device has produced
-the payloads, and only then queues the copies. In a vLLM step the flush comes right after the
-encoder's launches and before the model's, long before the device has run the encoder: the
-launcher's driver calls then fall while the step thread waits for the device, not beside its
-launches. The copies start that much later, which nothing in the step waits for.
-
 One thread submits (the copier's caller, under `TierWorker`'s lock); `done` says how many jobs the
 launcher has queued on their streams, and raises once one has failed: the CUDA call that failed is
 named, every later job is skipped, and the GPU context may be unusable, as when the step thread's
@@ -46,13 +39,7 @@ _vp, _i64 = ctypes.c_void_p, ctypes.c_int64
 class SaveLauncher:
     """A native thread that queues planned copy-engine batches on their streams, in order."""
 
-    def __init__(
-        self, entry: EntryPoints, device: int, *, slots: int = SLOTS, when_ready: bool = False
-    ) -> None:
-        if when_ready and not entry.event_sync:
-            raise ECConnectorError(
-                "a save launcher that waits for its payloads needs cudaEventSynchronize's entry point"
-            )
+    def __init__(self, entry: EntryPoints, device: int, *, slots: int = SLOTS) -> None:
         lib = library()
         handle = lib.ec_launcher_new(
             slots,
@@ -66,7 +53,6 @@ class SaveLauncher:
             entry.attrs,
             entry.attr_index,
             entry.batch_max,
-            entry.event_sync if when_ready else None,
         )
         if not handle:
             raise ECConnectorError(
@@ -82,9 +68,9 @@ class SaveLauncher:
     def submit(
         self, stream: int, fence: int, start: int, end: int, dst: int, src: int, size: int, count: int
     ) -> int:
-        """Queue a job: wait for `fence` on `stream` (or, `when_ready`, on the launcher's thread),
-        record `start`, copy `count` (dst, src, size) from the three int64 columns at `dst`, `src`,
-        `size` (read before this returns), record `end`. Returns the job's number (0, 1, ...)."""
+        """Queue a job: wait for `fence` on `stream`, record `start`, copy `count` (dst, src, size)
+        from the three int64 columns at `dst`, `src`, `size` (read before this returns), record
+        `end`. Returns the job's number (0, 1, ...)."""
         job = int(self._submit(self._live(), stream, fence, start, end, dst, src, size, count))
         if job < 0:
             raise ECConnectorError("the save launcher is " + ("out of memory" if job == -1 else "closed"))
@@ -143,7 +129,7 @@ def library() -> ctypes.CDLL:
         if _library is None:
             path = str(native.build(SOURCE, "the save launcher"))
             held, free = ctypes.PyDLL(path), ctypes.CDLL(path)
-            held.ec_launcher_new.argtypes = [_i64, _i64, _vp, _vp, _vp, _vp, _vp, _i64, _vp, _vp, _i64, _vp]
+            held.ec_launcher_new.argtypes = [_i64, _i64, _vp, _vp, _vp, _vp, _vp, _i64, _vp, _vp, _i64]
             held.ec_launcher_new.restype = _vp
             held.ec_launcher_submit.argtypes = [_vp, _i64, _i64, _i64, _i64, _vp, _vp, _vp, _i64]
             held.ec_launcher_submit.restype = _i64

@@ -34,7 +34,6 @@ QUEUE_CALLS = {
     5: "cudaSetDevice (the launcher thread's device)",
     6: "cudaEventRecord (the fence, on the caller's stream)",
     7: "cudaStreamWaitEvent (the caller's stream on the end event)",
-    8: "cudaEventSynchronize (the launcher's wait for the payloads' fence)",
 }
 
 

@@ -28,7 +28,6 @@ enum {
     EC_CALL_DEVICE = 5, /* cudaSetDevice (the launcher thread's device) */
     EC_CALL_FENCE = 6,  /* cudaEventRecord: the fence, on the caller's stream */
     EC_CALL_JOIN = 7,   /* cudaStreamWaitEvent: the caller's stream on the end event */
-    EC_CALL_READY = 8,  /* cudaEventSynchronize: the launcher's thread waits for the fence */
 };
 enum { EC_MEMCPY_DEFAULT = 4 };
 
