@@ -84,7 +84,7 @@ def _shm_region(
         region.close()
 
 
-def _copier(region: Region, device: str, role: Role) -> Iterator[Copier]:
+def _copier(region: Region, device: str) -> Iterator[Copier]:
     copier: Copier
     if device == "memory":
         from ec_connector.adapters.memory import MemoryCopier
@@ -93,11 +93,11 @@ def _copier(region: Region, device: str, role: Role) -> Iterator[Copier]:
     else:
         from ec_connector.adapters.torch_copy import TorchCopier
 
-        # An encoder-only instance's step ends at the flush that launches its saves, so the save
-        # launcher's thread takes the driver's part of each launch off the step thread; where the
-        # step goes on into the model's kernel launches (a role that loads), those launches waited
-        # for the driver as long as the launch had saved (H200, docs/benchmarks.md, session 12).
-        copier = TorchCopier(region, device=device, save_launcher=role is Role.PRODUCER)
+        # The save launcher's thread takes the driver's part of each save's launch off the step
+        # thread, for every role: from the model runner's own stream, the kernel launches that follow
+        # the flush do not wait for it (H200, docs/benchmarks.md, session 17; from the legacy default
+        # stream they did, session 12).
+        copier = TorchCopier(region, device=device, save_launcher=True)
     try:
         yield copier
     finally:
@@ -201,7 +201,7 @@ class Container(containers.DeclarativeContainer):
             populate=connector_config.provided.enable_nixl,
         ),
     )
-    copier = providers.Resource(_copier, region, device=settings.device, role=connector_config.provided.role)
+    copier = providers.Resource(_copier, region, device=settings.device)
 
     tier_scheduler = providers.Singleton(
         TierScheduler,

@@ -1,5 +1,5 @@
 """How the container wires the P2P producer (what its desk advertises is where its server listens)
-and the copier (the save launcher for encoder-only instances)."""
+and the copier (the save launcher on CUDA)."""
 
 from __future__ import annotations
 
@@ -49,10 +49,10 @@ def test_a_producer_asked_for_port_0_advertises_the_port_its_server_bound():
     ],
 )
 @pytest.mark.parametrize("role", ["ec_producer", "ec_consumer", "ec_both"])
-def test_only_a_producer_on_cuda_launches_saves_from_the_launchers_thread(device: str, role: str) -> None:
-    """An encoder-only instance's step ends at the flush, so its copier hands copy-engine saves to
-    the save launcher; a role that loads goes on into the model's launches (docs/benchmarks.md,
-    session 12), so its step thread makes the driver call itself. CPU copies never launch."""
+def test_every_role_on_cuda_launches_saves_from_the_launchers_thread(device: str, role: str) -> None:
+    """Every role's copier hands copy-engine saves to the save launcher: from the model runner's own
+    stream, the launches after the flush do not wait for its driver calls (docs/benchmarks.md,
+    session 17). CPU copies never launch."""
     container = build_container(
         role=role,
         tier="memory",
@@ -65,7 +65,7 @@ def test_only_a_producer_on_cuda_launches_saves_from_the_launchers_thread(device
     )
     try:
         copier = container.copier()
-        assert copier.launches_saves == (device == "cuda" and role == "ec_producer")
+        assert copier.launches_saves == (device == "cuda")
     finally:
         container.shutdown_resources()
 

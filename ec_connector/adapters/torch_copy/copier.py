@@ -27,7 +27,8 @@ class TorchCopier:
     ones or one short one per entry, go to the copy engines (None: none do); the other runs to the
     copy kernel, whose tiles `tile_bytes` and `num_warps` size, alongside. `save_launcher`: saves
     wholly on the copy engines are queued by a native thread (launcher.c), not the caller's (a gain
-    where the caller makes no CUDA call right after: see `launcher.py`). Close the copier before
+    from a stream of the caller's own, or where it makes no CUDA call right after: see
+    `launcher.py`). Close the copier before
     its region: it holds a view of the region's memory (and, on CUDA, a registration) until
     `close()`. Not thread-safe: its callers serialize their calls (`TierWorker` makes every call
     under one lock).

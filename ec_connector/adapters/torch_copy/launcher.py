@@ -6,12 +6,13 @@ copies and the end event on the job's copy stream. The step thread no longer spe
 ~0.7-1.5 µs per copy inside the launch. Loads are not launched here: the caller's stream must wait
 on a load's end event before `load` returns, so the event must be recorded by then.
 
-The driver's work is moved, not removed, and the driver serializes it with the step thread's own
-calls: on the H200 (docs/benchmarks.md, session 12), 30 kernel launches made right after a flush
-took about as much longer as the launcher had taken off the flush (~60 µs for 32 aged entries),
-while after 300 µs of Python they took no longer and each step came out 15-60 µs shorter. So it pays
-where the step does not go on into CUDA calls at once: an encoder-only instance, whose step ends
-at the flush that launches its saves. The container turns it on for producers only.
+The driver's work is moved, not removed. From the legacy default stream, which is ordered with every
+other blocking stream, the driver serializes it with the step thread's own calls: on the H200
+(docs/benchmarks.md, sessions 12 and 17), 30 kernel launches made right after a flush took 57-70 µs
+longer, about what the launcher had taken off the flush. From a stream of the caller's own, as
+vLLM's model runner calls on CUDA, they took no longer (±10 µs), and a step of a 32-entry load, its
+save and flush and those launches came out 1-13% shorter in host time (session 17). The container
+turns it on for every role.
 
 One thread submits (the copier's caller, under `TierWorker`'s lock); `done` says how many jobs the
 launcher has queued on their streams, and raises once one has failed: the CUDA call that failed is
