@@ -15,6 +15,10 @@ the `save`/`load` call (what the engine's step thread pays). Every copy's bytes 
     python bench/copy_bandwidth.py --alternatives  # also per-run memcpy and UVA index_copy_/index_select
     python bench/copy_bandwidth.py --gate-us 400   # device time only (see below)
     python bench/copy_bandwidth.py --stream default  # callers on the legacy default stream
+    python bench/copy_bandwidth.py --save-launcher off  # saves queued by the calling thread
+
+Saves go through the save launcher's thread by default, as the container builds every role's CUDA
+copier (session 17); `--save-launcher off` has the calling thread queue them (every run before).
 
 On CUDA the copier is called from a stream of the caller's own, as vLLM's model runner calls the
 connector (vLLM's `current_stream()` makes one per process): a load wholly on the copy engines then
@@ -301,6 +305,7 @@ class Bench:
             tile_bytes=args.tile_bytes,
             num_warps=args.num_warps,
             dma_min_bytes=args.dma_min_bytes,
+            save_launcher=args.save_launcher == "on",
         )
         print(
             f"# width {width} ({row_bytes / 1024:g} KiB rows): region "
@@ -594,6 +599,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="hold the stream this long before each timed copy so events time device work only (CUDA)",
     )
     add_stream_option(parser)
+    parser.add_argument(
+        "--save-launcher",
+        choices=("on", "off"),
+        default="on",
+        help="saves queued by the save launcher's thread (on, every role's default) or the caller's",
+    )
     parser.add_argument("--json", type=Path, default=None, help="write every number here")
     args = parser.parse_args(argv)
     args.entries = tuple(args.entries or (("64rows", "1MiB") if args.quick else ENTRIES))
