@@ -12,8 +12,8 @@ other blocking stream, the driver serializes it with the step thread's own calls
 longer, about what the launcher had taken off the flush. From a stream of the caller's own, as
 vLLM's model runner calls on CUDA, they took no longer (-29 to +13 µs), and a step of a 32-entry
 load, its save and flush and those launches took 0.81-1.00x the host time of the step thread's own
-call (once 1.04x in 34 cases; session 17). The container
-turns it on for every role (the roles that save: `ec_producer` and `ec_both`).
+call (once 1.04x in 34 cases; session 17). The container turns it on for every role (the roles
+that save: `ec_producer` and `ec_both`).
 
 One thread submits (the copier's caller, under `TierWorker`'s lock); `done` says how many jobs the
 launcher has queued on their streams, and raises once one has failed: the CUDA call that failed is
