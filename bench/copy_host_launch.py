@@ -15,12 +15,13 @@ moves far less than the whole (the driver's part varied 2-3x between instances i
 Every case's bytes are verified once. Each case is also timed through `TierWorker` as vLLM's step
 thread drives it (bind the step's plan, `save` per item then `flush`; or `start_loads`), which adds
 the per-item checks and the bookkeeping around the copier. Saves are timed twice, in turn: with the
-save launcher (a native thread hands copy-engine batches to the driver; producers' default) and
-with the step thread making the driver call itself (`save_launcher=False`, the baseline and the
-default of roles that load; "inline" columns). The launcher's driver work still runs beside
-whatever the step thread does next: CUDA calls made at once wait for it (docs/benchmarks.md,
-session 12). `--period-ms` paces the calls as once per engine step (the time since the previous call
-moves a launch's host time more than its batch does: docs/benchmarks.md, session 16).
+save launcher (a native thread hands copy-engine batches to the driver; every role's default
+since session 17) and with the step thread making the driver call itself (`save_launcher=False`,
+the baseline; "inline" columns). The launcher's driver work still runs beside whatever the step
+thread does next: from the legacy default stream, CUDA calls made at once wait for it; from a
+stream of the caller's own they do not (docs/benchmarks.md, sessions 12 and 17). `--period-ms`
+paces the calls as once per engine step (the time since the previous call moves a launch's host
+time more than its batch does: docs/benchmarks.md, session 16).
 
     python bench/copy_host_launch.py              # needs CUDA
     python bench/copy_host_launch.py --iters 500 --json host.json

@@ -54,7 +54,7 @@ DEVICES = [
         id="cuda",
         marks=[pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason=_NO_CUDA)],
     ),
-    # the writer rank's saves queued on the driver by the save launcher's thread (producers' default)
+    # the writer rank's saves queued on the driver by the save launcher's thread (the container's default)
     pytest.param(
         "cuda+launcher",
         id="cuda-launcher",
