@@ -556,6 +556,11 @@ def summary(rows: list[Row]) -> list[str]:
                 f"{statistics.median(r.save_host_us for r in sel):.0f} us, load "
                 f"{statistics.median(r.load_host_us for r in sel):.0f} us  (target <= 100 us)"
             )
+    if b32:
+        lines.append(
+            "(host launch here: each case's few timed calls, each after large copies or a gate; "
+            "bench/copy_host_launch.py times launches alone, many calls per case)"
+        )
     return lines
 
 
