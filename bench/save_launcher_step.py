@@ -3,7 +3,8 @@
 `bench/copy_host_launch.py` times a save's launch alone. The launcher (`TorchCopier(save_launcher=
 True)`, launcher.c) takes the driver's part of that launch off the step thread, but the driver
 serializes its work with the step thread's own CUDA calls. Here each step runs, through `TierWorker`
-over a /dev/shm region, on a stream of the caller's own, as a vLLM step would:
+over a /dev/shm region, on a stream of the caller's own (`--stream default`: the legacy default
+stream), as a vLLM step would:
 
     load of 32 aged entries (start_loads) | [--encoder-us of device work: the encoder] |
     ~2 ms of Python | save of the same 32 and its flush | [--gap-us of Python] |
