@@ -2,7 +2,7 @@
 
 `bench/copy_host_launch.py` times a save's launch alone. The launcher (`TorchCopier(save_launcher=
 True)`, launcher.c) takes the driver's part of that launch off the step thread, but the driver
-serializes its work with the step thread's own CUDA calls. Here each step runs, through `TierWorker`
+may serialize its work with the step thread's own CUDA calls. Here each step runs, through `TierWorker`
 over a /dev/shm region, on a stream of the caller's own (`--stream default`: the legacy default
 stream), as a vLLM step would:
 
