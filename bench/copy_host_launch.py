@@ -21,7 +21,11 @@ the baseline; "inline" columns). The launcher's driver work still runs beside wh
 thread does next: from the legacy default stream, CUDA calls made at once wait for it; from a
 stream of the caller's own they do not (docs/benchmarks.md, sessions 12 and 17). `--period-ms`
 paces the calls as once per engine step (the time since the previous call moves a launch's host
-time more than its batch does: docs/benchmarks.md, session 16).
+time more than its batch does: docs/benchmarks.md, session 16). Each cell also gives the calling
+thread's own CPU time over the same window ("cpu", median): on a shared guest, time the hypervisor
+gives the vCPU to other guests (`steal`, printed per case from /proc/stat) counts on the wall clock
+but not there, nor does time the thread spent blocked (a lock, a sleep); so the two apart show how
+much of a slow call the thread was not running at all.
 
     python bench/copy_host_launch.py              # needs CUDA
     python bench/copy_host_launch.py --iters 500 --json host.json
@@ -43,6 +47,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -119,13 +124,43 @@ def cases(rng: random.Random) -> list[tuple[str, int, int, list[tuple[Extent, ..
     return out
 
 
-def percentiles(xs: list[float]) -> dict[str, float]:
-    xs = sorted(xs)
+def percentiles(calls: list[Timed]) -> dict[str, float]:
+    xs = sorted(c.wall for c in calls)
     return {
         "median_us": statistics.median(xs) * 1e6,
         "p10_us": xs[len(xs) // 10] * 1e6,
         "p90_us": xs[9 * len(xs) // 10] * 1e6,
+        "cpu_median_us": statistics.median(c.cpu for c in calls) * 1e6,
     }
+
+
+class Timed(NamedTuple):
+    """One timed call: wall-clock seconds, and the calling thread's own CPU seconds in that window
+    (`CLOCK_THREAD_CPUTIME_ID`: on a guest kernel with steal-time accounting, time the hypervisor
+    gave the vCPU to someone else is not counted, nor is time the thread slept)."""
+
+    wall: float
+    cpu: float
+
+
+class Steal:
+    """The share of the machine's CPU time the hypervisor took for other guests since this was
+    made (`steal` in /proc/stat, all CPUs; 0 where the kernel does not report it)."""
+
+    def __init__(self) -> None:
+        self._start = self._read()
+
+    @staticmethod
+    def _read() -> tuple[int, int]:
+        try:
+            fields = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+        except (OSError, ValueError):
+            return 0, 0
+        return (fields[7] if len(fields) > 7 else 0), sum(fields[:8])
+
+    def percent(self) -> float:
+        (s0, t0), (s1, t1) = self._start, self._read()
+        return 100.0 * (s1 - s0) / (t1 - t0) if t1 > t0 else 0.0
 
 
 class Pacer:
@@ -189,16 +224,18 @@ def measure(
     inline_worker = TierWorker(role=Role.BOTH, rank=0, writer=True, region=region, copier=inline)
     cache = {f"k{i}": p for i, p in enumerate(payloads)}
 
-    def host_time(launch: Callable[[], object], settle: Callable[[], object]) -> float:
-        """Host seconds of `launch()` on an idle device, started at the pacer's turn; then wait for the
-        device and `settle()`."""
+    def host_time(launch: Callable[[], object], settle: Callable[[], object]) -> Timed:
+        """Host seconds of `launch()` on an idle device, started at the pacer's turn, on the wall
+        clock and in the thread's own CPU time; then wait for the device and `settle()`."""
         torch.cuda.synchronize()
         t0 = pacer.start()
+        c0 = time.thread_time()
         launch()
+        cpu = time.thread_time() - c0
         dt = time.perf_counter() - t0
         torch.cuda.synchronize()
         settle()
-        return dt
+        return Timed(dt, cpu)
 
     # Settling waits for every copy to be reported: a save's copies are queued by the launcher's
     # thread, possibly after the device synchronize above (as the scheduler side waits for a save's
@@ -216,7 +253,7 @@ def measure(
                 each.flush()
         region.drain_completions()
 
-    def save(by: TorchCopier = copier) -> float:
+    def save(by: TorchCopier = copier) -> Timed:
         pairs = zip(extents, payloads, strict=True)
         jobs = [SaveJob(PlannedCopy(next(tickets), "k", e, rows), p) for e, p in pairs]
         return host_time(lambda: by.save(jobs), settle_copier)
@@ -226,7 +263,7 @@ def measure(
     # launch's.
     loaded: list = []
 
-    def load() -> float:
+    def load() -> Timed:
         copies = [PlannedCopy(next(tickets), "k", e, rows) for e in extents]
         loaded.clear()
 
@@ -238,7 +275,7 @@ def measure(
     def keyed() -> tuple[PlannedCopy, ...]:
         return tuple(PlannedCopy(next(tickets), k, e, rows) for k, e in zip(cache, extents, strict=True))
 
-    def worker_save(by: TierWorker = worker) -> float:
+    def worker_save(by: TierWorker = worker) -> Timed:
         # what vLLM's step thread runs for a batch of offloads: the plan, save_caches per item, the flush
         plan = StepPlan(saves=keyed())
 
@@ -252,7 +289,7 @@ def measure(
 
     encoder_cache: dict = {}
 
-    def worker_load() -> float:
+    def worker_load() -> Timed:
         plan = StepPlan(loads=keyed())
         encoder_cache.clear()
 
@@ -268,7 +305,7 @@ def measure(
     driver_stream = torch.cuda.Stream()
     out = torch.empty((rows * len(extents), width), dtype=torch.bfloat16, device="cuda")
 
-    def driver_call(plan: BatchPlan, *, load: bool) -> Callable[[], float] | None:
+    def driver_call(plan: BatchPlan, *, load: bool) -> Callable[[], Timed] | None:
         """The driver's own calls for a planned batch: `memcpy_batch` of its columns, as the CUDA
         engine makes them (None when the batch has kernel runs)."""
         if plan.kernel:
@@ -284,7 +321,7 @@ def measure(
         def submit() -> None:
             rt.memcpy_batch(dst, src, size, n, stream, source_settled=load)
 
-        def call(columns: list[np.ndarray] = columns) -> float:  # holds the arrays at those addresses
+        def call(columns: list[np.ndarray] = columns) -> Timed:  # holds the arrays at those addresses
             return host_time(submit, lambda: None)
 
         return call
@@ -295,17 +332,18 @@ def measure(
     pointers, offsets = [p.data_ptr() for p in payloads], [p.storage_offset() for p in payloads]
     save_driver = driver_call(planner.save(same, pointers, offsets, payloads[0].element_size()), load=False)
     result: dict = {"case": name, "runs": sum(map(len, extents)), "entries": len(extents)}
+    stolen = Steal()
     # Save and load in turn, call by call (the GPU machine's host load drifts over seconds, and
     # timing each in a block of its own let that drift pass for a difference between them); the
     # copier's own calls first, then the worker's: once the worker has started its watcher thread,
     # that thread polls the copier under the worker's lock, which the copier's own calls here do not
     # take (the copier is not thread-safe; in the connector only the worker calls it).
-    copier_calls: dict[str, Callable[[], float]] = {
+    copier_calls: dict[str, Callable[[], Timed]] = {
         "save": save,
         "save_inline": lambda: save(inline),
         "load": load,
     }
-    worker_calls: dict[str, Callable[[], float]] = {
+    worker_calls: dict[str, Callable[[], Timed]] = {
         "worker_save": worker_save,
         "worker_save_inline": lambda: worker_save(inline_worker),
         "worker_load": worker_load,
@@ -319,7 +357,7 @@ def measure(
         for call in pair.values():
             for _ in range(20):
                 call()
-        times: dict[str, list[float]] = {label: [] for label in pair}
+        times: dict[str, list[Timed]] = {label: [] for label in pair}
         for _ in range(iters):
             for label, call in pair.items():
                 times[label].append(call())
@@ -346,6 +384,7 @@ def measure(
         planner.load(copies, 1 << 40)
         xs.append(time.perf_counter() - t0)
     result["plan_us"] = statistics.median(xs) * 1e6
+    result["steal_pct"] = stolen.percent()
     worker.close()
     inline_worker.close()
     region.close()
@@ -502,7 +541,8 @@ def main(argv: list[str] | None = None) -> None:
 
 def print_case(r: dict) -> None:
     def cell(label: str, t: dict) -> str:
-        return f"{label} {t['median_us']:7.1f} us ({t['p10_us']:.0f}-{t['p90_us']:.0f})"
+        spread = f"{t['p10_us']:.0f}-{t['p90_us']:.0f}"
+        return f"{label} {t['median_us']:7.1f} us ({spread}; cpu {t['cpu_median_us']:.0f})"
 
     def line(head: str, prefix: str, tail: str) -> None:
         """The launcher's save, the step thread's ("inline") and their ratio, the load, `tail`."""
@@ -514,7 +554,8 @@ def print_case(r: dict) -> None:
     line(
         f"{r['case']:36s} runs {r['runs']:5d}  ",
         "",
-        f"  plan {r['plan_us']:6.1f} us  bytes {'ok' if r['bytes_ok'] else 'WRONG'}",
+        f"  plan {r['plan_us']:6.1f} us  bytes {'ok' if r['bytes_ok'] else 'WRONG'}"
+        f"  steal {r['steal_pct']:.1f}%",
     )
     line(f"{'  through TierWorker (bind, save x32, flush / start_loads)':58s} ", "worker_", "")
     parts = [
@@ -550,6 +591,13 @@ def print_best(passes: list[list[dict]]) -> None:
         cells = []
         for call in calls:
             medians = [rows[i][call]["median_us"] for rows in passes]
+            cells.append(f"{min(medians):9.1f} ({max(medians):6.1f})")
+        print(f"{first['case']:36s} {first['runs']:5d}  " + "  ".join(cells), flush=True)
+    print("# the step thread's own CPU time in those calls: lowest median us (highest)")
+    for i, first in enumerate(passes[0]):
+        cells = []
+        for call in calls:
+            medians = [rows[i][call]["cpu_median_us"] for rows in passes]
             cells.append(f"{min(medians):9.1f} ({max(medians):6.1f})")
         print(f"{first['case']:36s} {first['runs']:5d}  " + "  ".join(cells), flush=True)
     print("# our part of the step thread's call: the call less the driver's own, per pass: lowest (highest)")
