@@ -584,22 +584,21 @@ def ours_us(r: dict, call: str, driver: str) -> float:
 def print_best(passes: list[list[dict]]) -> None:
     """Per case and call, the lowest of the passes' medians and the highest: the host's load drifts
     over minutes on the GPU machine, and the lowest median is the code's cost at its quietest."""
-    print(f"# best of {len(passes)} passes: lowest median us (highest)")
     calls = ("save", "save_inline", "load", "worker_save", "worker_save_inline", "worker_load")
+
+    def lowest_and_highest(key: str) -> None:
+        for i, first in enumerate(passes[0]):
+            cells = []
+            for call in calls:
+                medians = [rows[i][call][key] for rows in passes]
+                cells.append(f"{min(medians):9.1f} ({max(medians):6.1f})")
+            print(f"{first['case']:36s} {first['runs']:5d}  " + "  ".join(cells), flush=True)
+
+    print(f"# best of {len(passes)} passes: lowest median us (highest)")
     print(f"{'case':36s} {'runs':>5s}  " + "  ".join(f"{c:>18s}" for c in calls))
-    for i, first in enumerate(passes[0]):
-        cells = []
-        for call in calls:
-            medians = [rows[i][call]["median_us"] for rows in passes]
-            cells.append(f"{min(medians):9.1f} ({max(medians):6.1f})")
-        print(f"{first['case']:36s} {first['runs']:5d}  " + "  ".join(cells), flush=True)
+    lowest_and_highest("median_us")
     print("# the step thread's own CPU time in those calls: lowest median us (highest)")
-    for i, first in enumerate(passes[0]):
-        cells = []
-        for call in calls:
-            medians = [rows[i][call]["cpu_median_us"] for rows in passes]
-            cells.append(f"{min(medians):9.1f} ({max(medians):6.1f})")
-        print(f"{first['case']:36s} {first['runs']:5d}  " + "  ".join(cells), flush=True)
+    lowest_and_highest("cpu_median_us")
     print("# our part of the step thread's call: the call less the driver's own, per pass: lowest (highest)")
     print(f"{'case':36s} {'runs':>5s}  " + "  ".join(f"{c + ' - driver':>28s}" for c, _ in OURS))
     for i, first in enumerate(passes[0]):
