@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from ec_connector.adapters.torch_copy import native
+from .native_marks import NEEDS_PLANNER_BUILD
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -158,10 +158,7 @@ def test_copy_plot_from_a_real_cpu_run(tmp_path):
     assert (tmp_path / "copy.png").read_bytes().startswith(b"\x89PNG")
 
 
-@pytest.mark.skipif(
-    native.compiler() is None or native.python_headers() is None,
-    reason="needs a C compiler and Python's headers, as the CUDA engine's planner does",
-)
+@NEEDS_PLANNER_BUILD
 def test_the_plan_call_bench_times_real_planner_calls_against_a_no_op_runtime(tmp_path):
     sys.path.insert(0, str(ROOT))
     from bench import plan_call

@@ -16,16 +16,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ec_connector.adapters.torch_copy import native
 from ec_connector.adapters.torch_copy.batchplan import BatchPlan, BatchPlanner
 from ec_connector.domain.blocks import Extent
 from ec_connector.domain.errors import LayoutMismatch
 from ec_connector.domain.transfers import PlannedCopy
 
-pytestmark = pytest.mark.skipif(
-    native.compiler() is None or native.python_headers() is None,
-    reason="needs a C compiler (cc, gcc or clang) and Python's headers, as Triton does",
-)
+from ..native_marks import NEEDS_PLANNER_BUILD
+
+pytestmark = NEEDS_PLANNER_BUILD
 
 NUM_BLOCKS = 512
 ROW = 48  # bytes per block: words of 8 and 16-byte accesses both occur

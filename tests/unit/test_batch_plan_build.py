@@ -15,6 +15,8 @@ import pytest
 from ec_connector.adapters.torch_copy import batchplan, launcher, native
 from ec_connector.domain.errors import ECConnectorError
 
+from ..native_marks import NEEDS_COMPILER
+
 
 def test_the_cache_is_a_directory_of_this_users_own(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     own = tmp_path / "own"
@@ -56,7 +58,7 @@ def test_no_compiler_and_a_failing_one_are_named(tmp_path: Path, monkeypatch: py
     assert not list((tmp_path / "cache").glob("*.so*")), "no partial library left behind"
 
 
-@pytest.mark.skipif(native.compiler() is None, reason="needs a C compiler (cc, gcc or clang)")
+@NEEDS_COMPILER
 def test_a_changed_local_header_rebuilds_the_library_that_includes_it(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -76,7 +78,7 @@ def test_a_changed_local_header_rebuilds_the_library_that_includes_it(
     ] * 2
 
 
-@pytest.mark.skipif(native.compiler() is None, reason="needs a C compiler (cc, gcc or clang)")
+@NEEDS_COMPILER
 def test_a_library_built_against_pythons_headers_is_cached_apart_and_missing_headers_are_named(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

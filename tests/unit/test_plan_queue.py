@@ -15,18 +15,15 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 
-from ec_connector.adapters.torch_copy import native
 from ec_connector.adapters.torch_copy.batchplan import BatchPlan, BatchPlanner, Queue, QueueFailed
 from ec_connector.domain.blocks import Extent
 from ec_connector.domain.errors import LayoutMismatch
 from ec_connector.domain.transfers import PlannedCopy
 
+from ..native_marks import NEEDS_PLANNER_BUILD
 from .fake_runtime import ATTRS, SETTLED_ATTRS, Runtime
 
-pytestmark = pytest.mark.skipif(
-    native.compiler() is None or native.python_headers() is None,
-    reason="needs a C compiler (cc, gcc or clang) and Python's headers, as Triton does",
-)
+pytestmark = NEEDS_PLANNER_BUILD
 
 ROW, BLOCKS, HOST = 4096, 4096, 1 << 32
 CALLER, STREAM, FENCE, START, END = 0xC0, 0x5E, 0xFE, 0x57, 0xE0

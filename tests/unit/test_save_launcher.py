@@ -22,9 +22,10 @@ from ec_connector.adapters.torch_copy.cudart import EntryPoints
 from ec_connector.adapters.torch_copy.launcher import SaveLauncher
 from ec_connector.domain.errors import ECConnectorError
 
+from ..native_marks import NEEDS_COMPILER
 from .fake_runtime import ATTR_INDEX, ATTRS, Runtime
 
-pytestmark = pytest.mark.skipif(native.compiler() is None, reason="needs a C compiler (cc, gcc or clang)")
+pytestmark = NEEDS_COMPILER
 _vp = ctypes.c_void_p
 
 
