@@ -124,6 +124,15 @@ def cases(rng: random.Random) -> list[tuple[str, int, int, list[tuple[Extent, ..
     return out
 
 
+class Timed(NamedTuple):
+    """One timed call: wall-clock seconds, and the calling thread's own CPU seconds in that window
+    (`CLOCK_THREAD_CPUTIME_ID`: on a guest kernel with steal-time accounting, time the hypervisor
+    gave the vCPU to someone else is not counted, nor is time the thread slept)."""
+
+    wall: float
+    cpu: float
+
+
 def percentiles(calls: list[Timed]) -> dict[str, float]:
     xs = sorted(c.wall for c in calls)
     return {
@@ -132,15 +141,6 @@ def percentiles(calls: list[Timed]) -> dict[str, float]:
         "p90_us": xs[9 * len(xs) // 10] * 1e6,
         "cpu_median_us": statistics.median(c.cpu for c in calls) * 1e6,
     }
-
-
-class Timed(NamedTuple):
-    """One timed call: wall-clock seconds, and the calling thread's own CPU seconds in that window
-    (`CLOCK_THREAD_CPUTIME_ID`: on a guest kernel with steal-time accounting, time the hypervisor
-    gave the vCPU to someone else is not counted, nor is time the thread slept)."""
-
-    wall: float
-    cpu: float
 
 
 class Steal:

@@ -273,9 +273,9 @@ class BatchPlanner:
 
     def _grow(self, runs: int, copies: int) -> None:
         """Room for batches of `runs` runs and `copies` copies (each rounded up to a power of two)."""
-        capacity = max(self._capacity, 1 << max(runs - 1, 0).bit_length())
-        room = max(self._slots[IN_SCRATCH_COPIES], 1 << max(copies - 1, 0).bit_length())
         io = self._slots
+        capacity = max(self._capacity, 1 << max(runs - 1, 0).bit_length())
+        room = max(io[IN_SCRATCH_COPIES], 1 << max(copies - 1, 0).bit_length())
         if capacity > self._capacity:
             self._workspace = np.zeros(self._sections * capacity, dtype=np.int64)
             self._capacity = io[IN_CAPACITY] = capacity
