@@ -48,8 +48,8 @@ MAX_ENTRY_RUNS = 4
 """Default of `ec_max_entry_runs`. A full tier aged with out-of-order frees (`bench/aging.py`, 8 GiB,
 5-20% dropped) placed entries of 1 MiB and more in 4.3-9.2 runs on average (p99 24-61) under the
 floor alone, and in 1.8-2.2 (p99 5-7) with a cap of 4, for 0.8-2.2% of occupancy; a cap of 2 gave
-1.4-1.7 runs for 1.7-3.6%. Each run is one copy handed to the driver at launch (~0.7 µs each on the
-H200, session 11), so a batch of 32 large entries went from ~100 copies to ~64."""
+1.4-1.7 runs for 1.7-3.6%. Each run is one copy handed to the driver at launch (~0.7-1.5 µs each on the
+H200), so a batch of 32 large entries went from ~100 copies to ~64."""
 
 
 @dataclass(frozen=True, slots=True)
