@@ -45,11 +45,10 @@ MIN_RUN_BYTES = 256 * 1024
 through its gather kernel)."""
 
 MAX_ENTRY_RUNS = 4
-"""Default of `ec_max_entry_runs`. A full tier aged with out-of-order frees (`bench/aging.py`, 8 GiB,
-5-20% dropped) placed entries of 1 MiB and more in 4.3-9.2 runs on average (p99 24-61) under the
-floor alone, and in 1.8-2.2 (p99 5-7) with a cap of 4, for 0.8-2.2% of occupancy; a cap of 2 gave
-1.4-1.7 runs for 1.7-3.6%. Each run is one copy handed to the driver at launch (~0.7-1.5 µs each on the
-H200), so a batch of 32 large entries went from ~100 copies to ~64."""
+"""Default of `ec_max_entry_runs`. Each run of an entry is one copy handed to the driver at launch and
+one NIXL descriptor, and a full tier with out-of-order frees drifts to many runs per entry; a cap of 4
+keeps entries of 1 MiB and more at about 2 runs for 1-2% of occupancy (docs/benchmarks.md, "Region
+aging")."""
 
 
 @dataclass(frozen=True, slots=True)
