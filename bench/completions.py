@@ -6,13 +6,13 @@ single-process executor, on the step thread itself. Here, over a real /dev/shm r
 
 - `report`: `TierWorker._report_ended` for `--batch` ended tickets, as the product does it (one
   `post_completions` call for the batch), beside the same tickets posted one call each (the shape of
-  the per-completion post this replaced in session 11), alternating call by call;
+  a per-completion post), alternating call by call;
 - `drain`: `drain_completions` of `--batch` posted tickets;
 - `apply`: `TierScheduler.poll` applying `--batch` finished saves (each entry turns READY, its
   latency is kept and a STORED event goes to the sink), the scheduler side's work per completion;
 - `events`: the `--batch` STORED events those saves publish on the event feed (`ZmqEventSink`, a
   subscriber connected over TCP), beside the same with the XPUB socket's subscription messages
-  looked for at every publish (`SUBSCRIPTIONS_EVERY = 1`, as before session 11), in turn.
+  looked for at every publish (`SUBSCRIPTIONS_EVERY = 1`), in turn.
 
     python bench/completions.py            # 32 tickets, 2000 rounds
     python bench/completions.py --batch 256

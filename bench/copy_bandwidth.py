@@ -18,21 +18,21 @@ the `save`/`load` call (what the engine's step thread pays). Every copy's bytes 
     python bench/copy_bandwidth.py --save-launcher off  # saves queued by the calling thread
 
 Saves go through the save launcher's thread by default, as the container builds every role's CUDA
-copier (session 17); `--save-launcher off` has the calling thread queue them (every run before).
+copier; `--save-launcher off` has the calling thread queue them.
 
 On CUDA the copier is called from a stream of the caller's own, as vLLM's model runner calls the
 connector (vLLM's `current_stream()` makes one per process): a load wholly on the copy engines then
 goes onto that stream itself. `--stream default` calls it from the legacy default stream, where such
-a load is fenced onto a copy stream and joined back (the path every run before session 15 timed).
+a load is fenced onto a copy stream and joined back.
 
 By default a batch's events also enclose the host's enqueue of its copies when the stream is idle
 (the start event fires at once, the copies land as the host submits them), for the copier and the
 memcpy alike. `--gate-us N` first holds the stream with an N µs spin kernel, so both are queued
 before their start event fires and the events time the device's work alone; a call whose host time
-exceeded the gate is counted in the summary (its figure still includes some enqueue time). Caveat
-(docs/benchmarks.md, session 7): gated, the memcpy of a batch-1 copy of 2 MiB or less read 8-33%
-slower than the copier's own single copy of the same bytes, so read those copier rows against the
-`contiguous` ones of the same run.
+exceeded the gate is counted in the summary (its figure still includes some enqueue time). Caveat: a
+batch-1 entry of one run is the same single `cudaMemcpyAsync` as the memcpy, and its ratio swings
+0.9-1.2x from one group of reps to the next (docs/benchmarks.md, "Copy bandwidth"), so read those
+copier rows against the `contiguous` ones of the same run.
 
 On CPU the copier's numbers are wall times of its synchronous copies, beside a contiguous copy_.
 """

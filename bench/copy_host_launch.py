@@ -11,17 +11,16 @@ per-entry views) measured alongside. Each case's own driver call is timed too, i
 copier's calls: the very `cudaMemcpyBatchAsync` calls (same copies) the copier hands the driver for
 that batch's save and load, made alone ("driver"; batches with kernel runs have none). The step
 thread's call less that one is our code's part of the launch, which the host's drift over minutes
-moves far less than the whole (the driver's part varied 2-3x between instances in sessions 11-13).
+moves far less than the whole (the driver's part varies 2-3x between instances).
 Every case's bytes are verified once. Each case is also timed through `TierWorker` as vLLM's step
 thread drives it (bind the step's plan, `save` per item then `flush`; or `start_loads`), which adds
 the per-item checks and the bookkeeping around the copier. Saves are timed twice, in turn: with the
-save launcher (a native thread hands copy-engine batches to the driver; every role's default
-since session 17) and with the step thread making the driver call itself (`save_launcher=False`,
+save launcher (a native thread hands copy-engine batches to the driver; every role's default) and with the step thread making the driver call itself (`save_launcher=False`,
 the baseline; "inline" columns). The launcher's driver work still runs beside whatever the step
 thread does next: from the legacy default stream, CUDA calls made at once wait for it; from a
-stream of the caller's own they do not (docs/benchmarks.md, sessions 12 and 17). `--period-ms`
+stream of the caller's own they do not (docs/benchmarks.md, "A step with the save launcher"). `--period-ms`
 paces the calls as once per engine step (the time since the previous call moves a launch's host
-time more than its batch does: docs/benchmarks.md, session 16). Each cell also gives the calling
+time more than its batch does: docs/benchmarks.md, "Host launch time"). Each cell also gives the calling
 thread's own CPU time over the same window ("cpu", median): on a shared guest, time the hypervisor
 gives the vCPU to other guests (`steal`, printed per case from /proc/stat) counts on the wall clock
 but not there, nor does time the thread spent blocked (a lock, a sleep); so the two apart show how
@@ -115,7 +114,7 @@ def cases(rng: random.Random) -> list[tuple[str, int, int, list[tuple[Extent, ..
     ):
         if "aged" in name:  # the tier's table, full and aged, with its run floor and cap
             blocks = int(BATCH * rows * 2.2) + 64
-            reads = 0.25 if name.endswith("reads") else 0.0  # hits queue entries again (session 13)
+            reads = 0.25 if name.endswith("reads") else 0.0  # a read queues its entry again
             ext = aged(blocks, rows, BATCH, rng, row_bytes=width * 2, read_share=reads)
         else:
             blocks = (BATCH + 8) * rows
@@ -172,7 +171,7 @@ class Pacer:
     A launch's host time depends on what the host did before it: after the ~10 ms wait for a batch
     of 32 x 16 MiB it read up to 2x what it read after the ~0.6 ms wait for 32 x 1 MiB, with the same
     copies, and 12 ms of spinning first raised even the driver's own call 1-5x (docs/benchmarks.md,
-    sessions 14 and 16). A period longer than the largest batch's copy gives every case the same time
+    "Host launch time"). A period longer than the largest batch's copy gives every case the same time
     since its previous call, as a step thread that loads once per engine step has.
     """
 

@@ -8,7 +8,7 @@ floor leaves (the last piece of a split entry, or an entry under the floor). Her
 side by side on the same batches, call by call in turn (the GPU machine's host load drifts over
 seconds, so blocks of calls per rule would time the drift):
 
-    kernel      every short run to the kernel (what loads did until session 10)
+    kernel      every short run to the kernel
     per-entry   at most FEW_SHORT short runs, or one per entry, to the engines (the copier's rule)
     engines     every batch with a long run wholly to the engines
 

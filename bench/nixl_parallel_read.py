@@ -18,7 +18,7 @@ Why the product gets the same effect from several agents instead (`LanedPeerTran
 `nixl_read_lanes`): with NIXL 1.5.1, `num_threads` > 1 and `split_batch_size` 1, a consumer whose
 producer was killed mid-READ aborted later, when its agent was destroyed (UCX `arbiter.c`
 assertion `ucs_arbiter_group_is_empty`), in `tests/contract/test_peer_contract.py`'s
-killed-producer case (3 runs of 4). docs/benchmarks.md, session 4.
+killed-producer case (3 runs of 4). docs/benchmarks.md, "One READ on several threads".
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ call, the call itself and the plan. A batch is 32 entries placed by the tier's o
   after the sweep, as a step's plan is just unpickled when the worker launches it.
 
 A launch on the step thread follows milliseconds of other work, so the cold figure is the one the
-engine pays (docs/benchmarks.md, session 14: a launch's host time grows with the gap before it).
+engine pays (docs/benchmarks.md, "Host launch time": a launch's host time grows with the gap before it).
 Compare trees by running this file in each, in turn:
 
     python bench/plan_call.py

@@ -14,9 +14,9 @@ stream), as a vLLM step would:
 with the launcher and with the step thread's own driver call (the baseline), in turn, round by
 round, in one process. It prints the median/p10 host µs of the load, of the save and its flush, of
 the launches after it and of the three together, and the launcher's ratio to the baseline. From the
-legacy default stream (`--stream default`, the setting of session 12) the launches right after the
+legacy default stream (`--stream default`) the launches right after the
 flush paid what the flush saved; from a stream of the caller's own, as vLLM's model runner calls,
-they do not (session 17). docs/benchmarks.md, sessions 12 and 17.
+they do not. docs/benchmarks.md, "A step with the save launcher".
 
     python bench/save_launcher_step.py                 # needs CUDA; gaps 0 and 300 µs
     python bench/save_launcher_step.py --rows 146 1170 --rounds 5

@@ -5,7 +5,7 @@ registered once as DRAM (a /dev/shm-backed mmap; on CUDA hosts the same host mem
 READs (offset, length) runs of a producer's data area into runs of its own; offsets are relative
 to each side's data area, and the descriptors cover contiguous stretches (runs.py), never rows.
 
-Configuration (SPEC §6): the agent starts with no backend (`nixl_agent_config(backends=[])`);
+Configuration: the agent starts with no backend (`nixl_agent_config(backends=[])`);
 then `create_backend(backend, {"ucx_error_handling_mode": ucx_error_mode})` (UCX only). README.md
 here: the two modes when a producer dies, the progress thread, UCX_TLS.
 
@@ -22,7 +22,7 @@ while UCX copies). A thread waiting for the GIL gets it when the holder blocks, 
 the interpreter's switch interval (5 ms): releasing it for a moment (`sleep(0)`) does not hand it
 over, the releasing thread takes it back first. A caller polling `read_state` in a loop therefore
 held each of the poster's handoffs up to 5 ms (9 MiB READ ~20 ms, ~3 ms when posted inline;
-docs/benchmarks.md, session 3). So `read_state` of the oldest READ not yet posted blocks on that
+docs/benchmarks.md, "The bare READ"). So `read_state` of the oldest READ not yet posted blocks on that
 READ's "posted" event for at most `HANDOFF_S` (1 ms): the poster gets the GIL at once, and the
 caller wakes as soon as the post is done (a same-host READ is then DONE). Only that one READ
 waits, so a poll of many pending READs waits at most 1 ms.

@@ -1,4 +1,4 @@
-"""Optional shared-secret authentication of control frames (SPEC §6).
+"""Optional shared-secret authentication of control frames.
 
 With a secret configured, every ZMQ message carries a second part, the trailer:
 
