@@ -15,16 +15,17 @@ moves far less than the whole (the driver's part varies 2-3x between instances).
 Every case's bytes are verified once. Each case is also timed through `TierWorker` as vLLM's step
 thread drives it (bind the step's plan, `save` per item then `flush`; or `start_loads`), which adds
 the per-item checks and the bookkeeping around the copier. Saves are timed twice, in turn: with the
-save launcher (a native thread hands copy-engine batches to the driver; every role's default) and with the step thread making the driver call itself (`save_launcher=False`,
-the baseline; "inline" columns). The launcher's driver work still runs beside whatever the step
-thread does next: from the legacy default stream, CUDA calls made at once wait for it; from a
-stream of the caller's own they do not (docs/benchmarks.md, "A step with the save launcher"). `--period-ms`
-paces the calls as once per engine step (the time since the previous call moves a launch's host
-time more than its batch does: docs/benchmarks.md, "Host launch time"). Each cell also gives the calling
-thread's own CPU time over the same window ("cpu", median): on a shared guest, time the hypervisor
-gives the vCPU to other guests (`steal`, printed per case from /proc/stat) counts on the wall clock
-but not there, nor does time the thread spent blocked (a lock, a sleep); so the two apart show how
-much of a slow call the thread was not running at all.
+save launcher (a native thread hands copy-engine batches to the driver; every role's default) and
+with the step thread making the driver call itself (`save_launcher=False`, the baseline; "inline"
+columns). The launcher's driver work still runs beside whatever the step thread does next: from the
+legacy default stream, CUDA calls made at once wait for it; from a stream of the caller's own they
+do not (docs/benchmarks.md, "A step with the save launcher"). `--period-ms` paces the calls as once
+per engine step (the time since the previous call moves a launch's host time more than its batch
+does: docs/benchmarks.md, "Host launch time"). Each cell also gives the calling thread's own CPU
+time over the same window ("cpu", median): on a shared guest, time the hypervisor gives the vCPU to
+other guests (`steal`, printed per case from /proc/stat) counts on the wall clock but not there, nor
+does time the thread spent blocked (a lock, a sleep); so the two apart show how much of a slow call
+the thread was not running at all.
 
     python bench/copy_host_launch.py              # needs CUDA
     python bench/copy_host_launch.py --iters 500 --json host.json
