@@ -1,12 +1,14 @@
 """E→PD demo: an orchestrator between two real vLLM OpenAI servers on loopback.
 
-    .venv-vllm/bin/python examples/e_pd_orchestrator.py     (what `make demo` runs)
+    .venv-vllm/bin/python examples/e_pd_orchestrator.py [--log-dir DIR]   (the second half of `make demo`)
 
 Starts an encoder-only producer (ec_producer) and a prefill/decode consumer (ec_consumer), both
 with ECTierConnector and NIXL on, serving a tiny random-weight Qwen2-VL this project generates.
 For each request it asks the producer first, takes the `ec_transfer_params` the producer
 returns, forwards them in the consumer request, and prints what moved and how long it took. Every
-consumer answer is compared with the consumer encoding the same image itself.
+consumer answer is compared with the consumer encoding the same image itself. The servers' logs go to
+`producer.log` and `consumer.log` in the log directory, this process's own warnings to
+`orchestrator.log`; the terminal gets the demo's lines only.
 """
 
 from __future__ import annotations
@@ -24,8 +26,11 @@ import tempfile
 import time
 import urllib.request
 from pathlib import Path
+from typing import TextIO
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "examples"))
+from demo_output import story_and_log  # noqa: E402
 
 
 def free_port() -> int:
@@ -110,27 +115,45 @@ def chat(port: int, images: list[str], *, max_tokens: int, params: dict | None =
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--requests", type=int, default=4, help="requests to send (4)")
+    parser.add_argument("--log-dir", type=Path, default=None, help="where the logs go (a new temp dir)")
     args = parser.parse_args()
+    logs = args.log_dir or Path(tempfile.mkdtemp(prefix="ec_demo_"))
+    say = story_and_log(logs / "orchestrator.log")
+    try:
+        return run(args.requests, logs, say)
+    except BaseException as exc:
+        print(f"  failed: {exc!r}; the servers' logs are in {logs}", file=say)
+        raise
+
+
+def run(requests: int, logs: Path, say: TextIO) -> int:
     sys.path.insert(0, str(ROOT / "tools"))
     from tiny_vlm import write_tiny_qwen2_vl
 
-    work = Path(tempfile.mkdtemp(prefix="ec_demo_"))
-    model = write_tiny_qwen2_vl(work / "model", random_weights=True, seed=0)
+    model = write_tiny_qwen2_vl(Path(tempfile.mkdtemp(prefix="ec_demo_model_")), random_weights=True, seed=0)
     ports = {"producer": free_port(), "consumer": free_port()}
-    run = os.getpid()
+    pid = os.getpid()
     servers = {
-        role: start_server(model, ports[role], f"ec_{role}", f"demo-{role}-{run}", work / f"{role}.log")
+        role: start_server(model, ports[role], f"ec_{role}", f"demo-{role}-{pid}", logs / f"{role}.log")
         for role in ports
     }
-    print(f"starting a producer (E) and a consumer (PD) vLLM server; logs in {work}")
+    print(
+        "  starting an encoder-only producer (E) and a prefill/decode consumer (PD) server, NIXL on "
+        f"(logs: {logs}/producer.log, consumer.log)",
+        file=say,
+    )
+    started = time.perf_counter()
     try:
         for role, proc in servers.items():
-            wait_ready(ports[role], proc, role, work / f"{role}.log")
-        print(f"  producer on :{ports['producer']}")
-        print(f"  consumer on :{ports['consumer']}")
+            wait_ready(ports[role], proc, role, logs / f"{role}.log")
+        print(
+            f"  servers ready in {time.perf_counter() - started:.0f} s: producer on :{ports['producer']}, "
+            f"consumer on :{ports['consumer']}",
+            file=say,
+        )
         sizes = [(100, 80), (112, 112), (56, 56), (84, 112)]
         served = 0
-        for n in range(args.requests):
+        for n in range(requests):
             images = [png(n, sizes[n % len(sizes)])]
             produced, t_e = chat(ports["producer"], images, max_tokens=1)
             params = produced.get("ec_transfer_params") or {}
@@ -143,17 +166,19 @@ def main() -> int:
             print(
                 f"  request {n}: producer encoded {len(params)} item(s) and published {moved} bytes "
                 f"(side channel {', '.join(sides) or 'none'}) in {t_e * 1e3:.0f} ms; consumer pulled "
-                f"them and answered {tokens} tokens in {t_pd * 1e3:.0f} ms"
+                f"them and answered {tokens} tokens in {t_pd * 1e3:.0f} ms",
+                file=say,
             )
-        log = (work / "consumer.log").read_text()
+        log = (logs / "consumer.log").read_text()
         reads, fallbacks = log.count("outcome=read"), log.count("outcome=fallback")
         unavailable = log.count("outcome=unavailable")
         print(
             f"  consumer log: {reads} NIXL read(s), {fallbacks} fallback(s) to local encoding, "
-            f"{unavailable} request(s) failed for an item no peer could serve"
+            f"{unavailable} request(s) failed for an item no peer could serve",
+            file=say,
         )
-        print(f"  {served}/{args.requests} requests served through the producer's encodings")
-        return 0 if served == args.requests and reads >= args.requests else 1
+        print(f"  {served}/{requests} requests served through the producer's encodings", file=say)
+        return 0 if served == requests and reads >= requests else 1
     finally:
         for proc in servers.values():
             proc.send_signal(signal.SIGINT)
@@ -162,8 +187,8 @@ def main() -> int:
                 proc.wait(timeout=60)
             except subprocess.TimeoutExpired:
                 proc.kill()
-        left = sorted(Path("/dev/shm").glob(f"vllm_ec_demo-*-{run}_dp*.mmap"))
-        print(f"  servers stopped; region files left in /dev/shm: {len(left)}")
+        left = sorted(Path("/dev/shm").glob(f"vllm_ec_demo-*-{pid}_dp*.mmap"))
+        print(f"  servers stopped; region files left in /dev/shm: {len(left)}", file=say)
 
 
 if __name__ == "__main__":

@@ -3,7 +3,9 @@
 Runs the two example programs of the source checkout with an interpreter that has vLLM (this one if
 it can import vllm, else the checkout's `.venv-vllm`): `examples/local_tier_engine.py` (one `ec_both`
 engine reloading repeated images from the /dev/shm tier) and `examples/e_pd_orchestrator.py` (an
-encoder-only producer server and a consumer server, encodings pulled over NIXL).
+encoder-only producer server and a consumer server, encodings pulled over NIXL). The terminal gets
+the demo's story; every engine's own output goes to a log file in one directory, named up front,
+because vLLM's start-up warnings would otherwise be the first thing a newcomer reads.
 """
 
 from __future__ import annotations
@@ -12,13 +14,27 @@ import argparse
 import importlib.util
 import subprocess
 import sys
+import tempfile
+import textwrap
 from pathlib import Path
 
 from ec_connector.domain.errors import ECConnectorError
 
 PARTS = {
-    "local": "local_tier_engine.py",
-    "p2p": "e_pd_orchestrator.py",
+    "local": (
+        "local_tier_engine.py",
+        "local tier: one engine (ec_both) whose own encoder cache holds a single image, as a busy "
+        "server's would; repeated images come back from the connector's /dev/shm tier instead of the "
+        "encoder",
+        "local.log",
+    ),
+    "p2p": (
+        "e_pd_orchestrator.py",
+        "encoder -> prefill/decode: an encoder-only producer server and a consumer server; this "
+        "script forwards each request's ec_transfer_params and the consumer pulls the encodings "
+        "from the producer's region with a NIXL READ instead of encoding",
+        "producer.log, consumer.log, orchestrator.log",
+    ),
 }
 
 
@@ -31,12 +47,23 @@ def run_engines_demo(args: argparse.Namespace) -> int:
             "run it from a clone of the repository, or run `ec-connector demo --synthetic`"
         )
     python = _vllm_python(root, args.vllm_python)
-    for part in args.parts or list(PARTS):
-        print(f"== ec-connector demo: {part} ({python} examples/{PARTS[part]})", flush=True)
-        code = subprocess.call([str(python), str(examples / PARTS[part])], cwd=root)
+    parts = args.parts or list(PARTS)
+    logs = Path(tempfile.mkdtemp(prefix="ec_demo_"))
+    print("ec-connector demo: ECTierConnector inside real vLLM engines (CPU build), serving a tiny")
+    print("random-weight Qwen2-VL written for the demo; each part starts its engines (~30 s) first.")
+    print(f"Engine logs: {logs}/ (the terminal shows the demo's own lines only)", flush=True)
+    for n, part in enumerate(parts, 1):
+        script, story, log_names = PARTS[part]
+        print(f"\n[{n}/{len(parts)}] {textwrap.fill(story, 96, subsequent_indent='      ')}")
+        print(f"      {python} examples/{script}; logs: {log_names}", flush=True)
+        code = subprocess.call([str(python), str(examples / script), "--log-dir", str(logs)], cwd=root)
         if code != 0:
-            print(f"ec-connector demo: {PARTS[part]} failed with exit code {code}", file=sys.stderr)
+            print(
+                f"ec-connector demo: {script} failed with exit code {code}; its logs are in {logs}",
+                file=sys.stderr,
+            )
             return 1
+    print(f"\nDone. Engine logs: {logs}/")
     return 0
 
 
