@@ -1,15 +1,24 @@
-"""Write a tiny Qwen2-VL model directory that vLLM loads with no downloads.
+"""Write a Qwen2-VL model directory (tiny, or 7B-sized) that vLLM loads with no downloads.
 
     python tools/tiny_vlm.py OUT_DIR [--random-weights] [--seed N]
+    python tools/tiny_vlm.py OUT_DIR --shape 7b
 
 Without --random-weights the directory holds config, tokenizer and preprocessor only; start the
 engine with ``load_format="dummy"``. With --random-weights it also holds real random weights
 (``Qwen2VLForConditionalGeneration(config).save_pretrained``, safetensors, bf16), so generated
 tokens depend on the image embeddings and the default ``load_format`` works.
 
-Shape: text vocab 512, hidden 128, 2 layers, 2 heads / 1 KV head (head_dim 64); vision depth 1,
-embed_dim 64, patch 14, merge 2. Images are resized into [56², 112²] pixels: a 100×80 image gives
-a 6×8 patch grid, i.e. 12 image tokens (a 12×128 bf16 encoder output).
+Shapes (``--shape``; both use the same tiny tokenizer and text vocab 512, so every id decodes):
+
+- ``tiny`` (default): hidden 128, 2 layers, 2 heads / 1 KV head (head_dim 64); vision depth 1,
+  embed_dim 64, patch 14, merge 2. Images are resized into [56², 112²] pixels: a 100×80 image
+  gives a 6×8 patch grid, i.e. 12 image tokens (a 12×128 bf16 encoder output).
+- ``7b``: Qwen2-VL-7B's text and vision shapes (hidden 3584, intermediate 18944, 28 layers,
+  28 heads / 4 KV heads, rope_theta 1e6, mrope_section [16, 24, 24]; vision depth 32,
+  embed_dim 1280, 16 heads, mlp_ratio 4, merged into 3584) and its pixel bounds
+  [3136, 12845056]: an 896×672 image gives 32×24 = 768 image tokens (768×3584 bf16, 5.5 MB).
+  Config only (about 13.6 GiB of bf16 weights when vLLM makes dummy ones); --random-weights is
+  refused for it.
 
 Needs ``tokenizers`` (always) and ``torch`` + ``transformers`` (for --random-weights): run it with
 the vLLM venv's python (``.venv-vllm/bin/python``, see tools/setup_vllm_env.sh).
@@ -19,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from dataclasses import dataclass
 from pathlib import Path
 
 SPECIAL_TOKENS = [
@@ -37,6 +47,60 @@ TEXT_VOCAB_SIZE = 512
 MAX_POSITIONS = 2048
 MIN_PIXELS = 56 * 56
 MAX_PIXELS = 112 * 112
+
+
+@dataclass(frozen=True)
+class Shape:
+    """The sizes that differ between the model shapes this tool writes."""
+
+    hidden: int
+    intermediate: int
+    layers: int
+    heads: int
+    kv_heads: int
+    mrope_section: tuple[int, int, int]
+    vision_depth: int
+    vision_embed_dim: int
+    vision_heads: int
+    vision_mlp_ratio: int
+    min_pixels: int
+    max_pixels: int
+    max_positions: int
+
+
+SHAPES = {
+    "tiny": Shape(
+        hidden=128,
+        intermediate=256,
+        layers=2,
+        heads=2,
+        kv_heads=1,  # head_dim 64: supported by the CPU attention backend
+        mrope_section=(8, 12, 12),
+        vision_depth=1,
+        vision_embed_dim=64,
+        vision_heads=2,
+        vision_mlp_ratio=2,
+        min_pixels=MIN_PIXELS,
+        max_pixels=MAX_PIXELS,
+        max_positions=MAX_POSITIONS,
+    ),
+    # Qwen2-VL-7B-Instruct's config.json and preprocessor_config.json, vocabulary aside.
+    "7b": Shape(
+        hidden=3584,
+        intermediate=18944,
+        layers=28,
+        heads=28,
+        kv_heads=4,
+        mrope_section=(16, 24, 24),
+        vision_depth=32,
+        vision_embed_dim=1280,
+        vision_heads=16,
+        vision_mlp_ratio=4,
+        min_pixels=3136,
+        max_pixels=12845056,
+        max_positions=32768,
+    ),
+}
 
 # Qwen2's pre-tokenizer split (same as transformers' Qwen2Tokenizer).
 PRETOKENIZE_REGEX = (
@@ -76,23 +140,28 @@ _CORPUS = [
 ]
 
 
-def config_dict() -> dict:
-    """The model's config.json (Qwen2VLForConditionalGeneration, bf16)."""
+def config_dict(shape: str = "tiny") -> dict:
+    """The model's config.json (Qwen2VLForConditionalGeneration, bf16) for one of SHAPES."""
+    sh = SHAPES[shape]
     text_config = {
         "model_type": "qwen2_vl_text",
         "vocab_size": TEXT_VOCAB_SIZE,
-        "hidden_size": 128,
-        "intermediate_size": 256,
-        "num_hidden_layers": 2,
-        "num_attention_heads": 2,
-        "num_key_value_heads": 1,  # head_dim 64: supported by the CPU attention backend
+        "hidden_size": sh.hidden,
+        "intermediate_size": sh.intermediate,
+        "num_hidden_layers": sh.layers,
+        "num_attention_heads": sh.heads,
+        "num_key_value_heads": sh.kv_heads,
         "hidden_act": "silu",
-        "max_position_embeddings": MAX_POSITIONS,
+        "max_position_embeddings": sh.max_positions,
         "rms_norm_eps": 1e-6,
         "use_sliding_window": False,
-        "max_window_layers": 2,
+        "max_window_layers": sh.layers,
         "attention_dropout": 0.0,
-        "rope_parameters": {"rope_type": "default", "rope_theta": 1000000.0, "mrope_section": [8, 12, 12]},
+        "rope_parameters": {
+            "rope_type": "default",
+            "rope_theta": 1000000.0,
+            "mrope_section": list(sh.mrope_section),
+        },
         "bos_token_id": TOKEN_ID["<|endoftext|>"],
         "eos_token_id": TOKEN_ID["<|im_end|>"],
         "pad_token_id": TOKEN_ID["<|endoftext|>"],
@@ -100,12 +169,12 @@ def config_dict() -> dict:
     }
     vision_config = {
         "model_type": "qwen2_vl",
-        "depth": 1,
-        "embed_dim": 64,
-        "hidden_size": 128,  # = text hidden size (the merger projects into it)
+        "depth": sh.vision_depth,
+        "embed_dim": sh.vision_embed_dim,
+        "hidden_size": sh.hidden,  # = text hidden size (the merger projects into it)
         "hidden_act": "quick_gelu",
-        "mlp_ratio": 2,
-        "num_heads": 2,
+        "mlp_ratio": sh.vision_mlp_ratio,
+        "num_heads": sh.vision_heads,
         "in_channels": 3,
         "in_chans": 3,
         "patch_size": 14,
@@ -131,7 +200,8 @@ def config_dict() -> dict:
     }
 
 
-def preprocessor_dict() -> dict:
+def preprocessor_dict(shape: str = "tiny") -> dict:
+    sh = SHAPES[shape]
     return {
         "image_processor_type": "Qwen2VLImageProcessor",
         "processor_class": "Qwen2VLProcessor",
@@ -142,16 +212,16 @@ def preprocessor_dict() -> dict:
         "rescale_factor": 1 / 255,
         "image_mean": [0.48145466, 0.4578275, 0.40821073],
         "image_std": [0.26862954, 0.26130258, 0.27577711],
-        "min_pixels": MIN_PIXELS,
-        "max_pixels": MAX_PIXELS,
-        "size": {"shortest_edge": MIN_PIXELS, "longest_edge": MAX_PIXELS},
+        "min_pixels": sh.min_pixels,
+        "max_pixels": sh.max_pixels,
+        "size": {"shortest_edge": sh.min_pixels, "longest_edge": sh.max_pixels},
         "patch_size": 14,
         "temporal_patch_size": 2,
         "merge_size": 2,
     }
 
 
-def _write_tokenizer(out: Path) -> None:
+def _write_tokenizer(out: Path, max_positions: int) -> None:
     from tokenizers import AddedToken, Regex, Tokenizer, decoders, normalizers, pre_tokenizers, trainers
     from tokenizers.models import BPE
 
@@ -193,7 +263,7 @@ def _write_tokenizer(out: Path) -> None:
         "add_prefix_space": False,
         "clean_up_tokenization_spaces": False,
         "split_special_tokens": False,
-        "model_max_length": MAX_POSITIONS,
+        "model_max_length": max_positions,
         "chat_template": CHAT_TEMPLATE,
         "added_tokens_decoder": {
             str(i): {
@@ -233,11 +303,23 @@ def _write_random_weights(out: Path, seed: int) -> None:
         raise RuntimeError(f"save_pretrained wrote no model.safetensors in {out}")
 
 
-def write_tiny_qwen2_vl(out_dir: str | Path, *, random_weights: bool, seed: int = 0) -> Path:
-    """Write the tiny Qwen2-VL model into ``out_dir`` (created if needed) and return its path."""
+def write_tiny_qwen2_vl(
+    out_dir: str | Path, *, random_weights: bool, seed: int = 0, shape: str = "tiny"
+) -> Path:
+    """Write the Qwen2-VL model of ``shape`` into ``out_dir`` (created if needed) and return its path.
+
+    Raises ValueError for an unknown shape, and for random weights of any shape but ``tiny``
+    (the 7B shape is meant for ``load_format="dummy"``).
+    """
+    if shape not in SHAPES:
+        raise ValueError(f"unknown shape {shape!r}: expected one of {sorted(SHAPES)}")
+    if random_weights and shape != "tiny":
+        raise ValueError(
+            f"--random-weights is for the tiny shape only; load {shape!r} with load_format='dummy'"
+        )
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    config = json.dumps(config_dict(), indent=2)
+    config = json.dumps(config_dict(shape), indent=2)
     if random_weights:
         (out / "config.json").write_text(config)
         _write_random_weights(out, seed)
@@ -254,8 +336,8 @@ def write_tiny_qwen2_vl(out_dir: str | Path, *, random_weights: bool, seed: int 
             indent=2,
         )
     )
-    (out / "preprocessor_config.json").write_text(json.dumps(preprocessor_dict(), indent=2))
-    _write_tokenizer(out)
+    (out / "preprocessor_config.json").write_text(json.dumps(preprocessor_dict(shape), indent=2))
+    _write_tokenizer(out, SHAPES[shape].max_positions)
     return out
 
 
@@ -268,8 +350,20 @@ def main(argv: list[str] | None = None) -> int:
         help="write real random bf16 weights (else load with load_format='dummy')",
     )
     parser.add_argument("--seed", type=int, default=0, help="torch seed for --random-weights")
+    parser.add_argument(
+        "--shape",
+        choices=sorted(SHAPES),
+        default="tiny",
+        help="tiny (default) or 7b: Qwen2-VL-7B's text and vision shapes, config only",
+    )
     args = parser.parse_args(argv)
-    out = write_tiny_qwen2_vl(args.out_dir, random_weights=args.random_weights, seed=args.seed)
+    if args.random_weights and args.shape != "tiny":
+        parser.error(
+            "--random-weights is for --shape tiny only (start the 7b shape with load_format='dummy')"
+        )
+    out = write_tiny_qwen2_vl(
+        args.out_dir, random_weights=args.random_weights, seed=args.seed, shape=args.shape
+    )
     print(out)
     return 0
 

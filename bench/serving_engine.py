@@ -1,0 +1,246 @@
+"""One arm of the serving benchmark: a fresh vLLM engine serving the workloads, in its own process.
+
+    python bench/serving_engine.py SPEC_JSON     (started by bench/serving.py, with vLLM's python)
+
+SPEC_JSON holds the arm, its `ec_transfer_config` (or null), the engine arguments, the workloads
+(bench/serving_workload.py) and the arrival model. The engine is vLLM's `AsyncLLM` (the async,
+streaming path a server uses), so each request's time to first token is its own. Requests are
+raw prompts with the Qwen2-VL image placeholders, one image each, `multi_modal_uuids` = a digest
+of the image, `max_tokens` small with `ignore_eos`.
+
+Writes one JSON line per event to SPEC["results"] as it goes (`engine` when up, one `workload`
+record per workload, `done`), so a child killed at its timeout leaves what it finished; progress
+lines start with "[bench]". Exit codes: 0 done, 3 the arm cannot run here (the reason is in the
+`skipped` line), anything else a failure.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.common import percentile  # noqa: E402
+from bench.serving_hook import COUNT_PREFIX, HOOK_DIR_ENV, STUB_FLAG  # noqa: E402
+from bench.serving_workload import Workload, image_digest  # noqa: E402
+
+PROMPT = (
+    "<|im_start|>user\n<|vision_start|><|image_pad|><|vision_end|>"
+    "Describe this image in one sentence.<|im_end|>\n<|im_start|>assistant\n"
+)
+EXIT_SKIPPED = 3
+
+
+def say(msg: str) -> None:
+    print(f"[bench] {msg}", flush=True)
+
+
+class Results:
+    """Append-only JSON lines: what the parent reads, complete or not."""
+
+    def __init__(self, path: str) -> None:
+        self._path = path
+
+    def write(self, kind: str, **fields: Any) -> None:
+        with open(self._path, "a") as f:
+            f.write(json.dumps({"kind": kind, **fields}) + "\n")
+
+
+def encoder_items(hook_dir: str) -> int:
+    """Items the engine's encoder entry point has run on so far (all processes of this engine)."""
+    total = 0
+    for name in os.listdir(hook_dir):
+        if name.startswith(COUNT_PREFIX):
+            with open(os.path.join(hook_dir, name)) as f:
+                total += sum(int(line) for line in f if line.strip())
+    return total
+
+
+def make_image(seed: int, size: tuple[int, int]) -> tuple[Any, str]:
+    import numpy as np
+    from PIL import Image
+
+    pixels = np.random.default_rng(seed).integers(0, 256, size=(size[1], size[0], 3), dtype=np.uint8)
+    return Image.fromarray(pixels), image_digest(pixels.tobytes(), size)
+
+
+def upstream_refusal(engine_args: Any) -> str | None:
+    """Why vLLM's ECCPUConnector cannot run in this engine, or None (it checks the same flag)."""
+    config = engine_args.create_engine_config()
+    if getattr(config, "use_v2_model_runner", False):
+        return None
+    import vllm
+
+    return (
+        f"ECCPUConnector requires the V2 model runner; vLLM {vllm.__version__} runs the V1 runner here "
+        "(its constructor raises 'ECCPUConnector requires the V2 model runner')"
+    )
+
+
+async def run_pass(engine: Any, spec: dict, wl: Workload, label: str, seeds: tuple[int, ...], tag: str):
+    """Serve one pass; returns per-request (ttft_s, latency_s, tokens) and the pass's wall time."""
+    from vllm import SamplingParams
+    from vllm.sampling_params import RequestOutputKind
+
+    images = [make_image(s, wl.size) for s in seeds]  # made before the clock starts
+    params = SamplingParams(
+        max_tokens=spec["max_tokens"],
+        ignore_eos=True,
+        temperature=0.0,
+        output_kind=RequestOutputKind.DELTA,
+    )
+    results: list[tuple[float, float, int] | None] = [None] * len(seeds)
+
+    async def one(i: int) -> None:
+        image, uuid = images[i]
+        prompt = {
+            "prompt": PROMPT,
+            "multi_modal_data": {"image": image},
+            "multi_modal_uuids": {"image": [uuid]},
+        }
+        started = time.perf_counter()
+        first = None
+        tokens = 0
+        async for out in engine.generate(prompt, params, f"{tag}-{label}-{i}"):
+            n = len(out.outputs[0].token_ids)
+            if n and first is None:
+                first = time.perf_counter()
+            tokens += n
+        ended = time.perf_counter()
+        results[i] = ((first or ended) - started, ended - started, tokens)
+
+    arrival = spec["arrival"]
+    t0 = time.perf_counter()
+    if arrival.get("rate"):
+        interval = 1.0 / float(arrival["rate"])
+
+        async def timed(i: int) -> None:
+            await asyncio.sleep(max(0.0, t0 + i * interval - time.perf_counter()))
+            await one(i)
+
+        await asyncio.gather(*(timed(i) for i in range(len(seeds))))
+    else:
+        queue: asyncio.Queue[int] = asyncio.Queue()
+        for i in range(len(seeds)):
+            queue.put_nowait(i)
+
+        async def worker() -> None:
+            while not queue.empty():
+                await one(queue.get_nowait())
+
+        await asyncio.gather(*(worker() for _ in range(min(int(arrival["concurrency"]), len(seeds)))))
+    wall = time.perf_counter() - t0
+    return [r for r in results if r is not None], wall
+
+
+def summarize(rows: list[tuple[float, float, int]], wall: float, items: int, encoded: int) -> dict:
+    ttft = [r[0] * 1e3 for r in rows]
+    tokens = sum(r[2] for r in rows)
+    return {
+        "requests": len(rows),
+        "wall_s": wall,
+        "req_s": len(rows) / wall if wall > 0 else 0.0,
+        "out_tok_s": tokens / wall if wall > 0 else 0.0,
+        "output_tokens": tokens,
+        "ttft_p50_ms": percentile(ttft, 50) if ttft else None,
+        "ttft_p99_ms": percentile(ttft, 99) if ttft else None,
+        "items": items,
+        "encoder_items": encoded,
+        "hit_ratio": (items - encoded) / items if items else None,
+    }
+
+
+async def serve(engine: Any, spec: dict, out: Results, hook_dir: str) -> None:
+    for wd in spec["workloads"]:
+        wl = Workload.from_dict(wd)
+        flag = Path(hook_dir) / STUB_FLAG
+        if wl.stub_encoder:
+            flag.touch()
+        try:
+            passes, measured_rows, measured_wall, m_items, m_encoded = [], [], 0.0, 0, 0
+            for p in wl.passes:
+                before = encoder_items(hook_dir)
+                rows, wall = await run_pass(engine, spec, wl, p.label, p.seeds, f"{spec['tag']}-{wl.key}")
+                encoded = encoder_items(hook_dir) - before
+                figures = summarize(rows, wall, len(p.seeds), encoded)
+                passes.append({"label": p.label, "measured": p.measured, **figures})
+                say(
+                    f"{spec['arm']} {wl.key} {p.label}: {len(rows)} req in {wall:.2f} s, "
+                    f"encoder items {encoded}, TTFT p50 {figures['ttft_p50_ms'] or 0:.0f} ms"
+                )
+                if p.measured:
+                    measured_rows += rows
+                    measured_wall += wall
+                    m_items += len(p.seeds)
+                    m_encoded += encoded
+        finally:
+            flag.unlink(missing_ok=True)
+        out.write(
+            "workload",
+            workload=wl.name,
+            size=list(wl.size),
+            key=wl.key,
+            pool=wl.pool,
+            notes=wl.notes,
+            measured=summarize(measured_rows, measured_wall, m_items, m_encoded),
+            passes=passes,
+        )
+
+
+async def run_engine(spec: dict, out: Results, hook_dir: str, engine_args: Any) -> None:
+    """Start the engine inside the event loop (its output handler lives there), serve, shut down."""
+    import vllm
+    from vllm.v1.engine.async_llm import AsyncLLM
+
+    started = time.perf_counter()
+    engine = AsyncLLM.from_engine_args(engine_args)
+    start_s = time.perf_counter() - started
+    runner = "v2" if getattr(engine.vllm_config, "use_v2_model_runner", False) else "v1"
+    out.write("engine", start_s=start_s, vllm=vllm.__version__, runner=runner, pid=os.getpid())
+    say(f"{spec['arm']} engine up in {start_s:.1f} s (vLLM {vllm.__version__}, {runner} runner)")
+    try:
+        await serve(engine, spec, out, hook_dir)
+    finally:
+        engine.shutdown()
+
+
+def engine_kwargs(spec: dict) -> dict:
+    kw = dict(spec["engine"])
+    if spec.get("connector"):
+        kw["ec_transfer_config"] = spec["connector"]
+    return kw
+
+
+def main() -> int:
+    spec = json.loads(Path(sys.argv[1]).read_text())
+    out = Results(spec["results"])
+    hook_dir = os.environ.get(HOOK_DIR_ENV)
+    if not hook_dir:
+        raise SystemExit(f"{HOOK_DIR_ENV} is not set: start this through bench/serving.py")
+
+    from vllm.engine.arg_utils import AsyncEngineArgs
+
+    engine_args = AsyncEngineArgs(**engine_kwargs(spec))
+    if spec["arm"] == "upstream":
+        reason = upstream_refusal(engine_args)
+        if reason:
+            out.write("skipped", reason=reason)
+            say(f"upstream skipped: {reason}")
+            return EXIT_SKIPPED
+    asyncio.run(run_engine(spec, out, hook_dir, engine_args))
+    out.write("done")
+    return 0
+
+
+if __name__ == "__main__":
+    code = main()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # The engine is shut down; skip the interpreter's teardown of vLLM's threads and modules.
+    os._exit(code)

@@ -1,0 +1,142 @@
+"""Tables and a PNG from one or more serving-bench JSONs (bench/serving.py run).
+
+Rounds are paired within a run (same `run_id` and round number: the arms ran back to back), so
+each ratio is taken per round and the table gives its median and its spread (min-max over
+rounds). Merging several runs (e.g. one command per round on the GPU) pools their rounds.
+Ratios are arm / reference of the same figure: for wall time and TTFT lower is better, for
+req/s and tokens/s higher is better. The ``limit`` rows are the no-connector engine with the
+encoder stubbed; each ``repeat`` row also gives its wall time against that floor.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from pathlib import Path
+from statistics import median
+from typing import Any
+
+FIGURES = (
+    ("wall_s", "wall s", "{:.2f}"),
+    ("req_s", "req/s", "{:.2f}"),
+    ("out_tok_s", "tok/s", "{:.0f}"),
+    ("ttft_p50_ms", "TTFT p50 ms", "{:.0f}"),
+    ("ttft_p99_ms", "TTFT p99 ms", "{:.0f}"),
+    ("encoder_items", "enc items", "{:.0f}"),
+    ("hit_ratio", "hit ratio", "{:.2f}"),
+)
+ARM_ORDER = ("none", "upstream", "ours", "limit")
+
+Cell = dict[tuple[str, int], float]  # (run_id, round) -> value
+
+
+def collect(runs: list[dict[str, Any]]) -> dict[tuple[str, str], dict[str, dict[str, Cell]]]:
+    """{(mode, workload key): {arm: {figure: {(run_id, round): value}}}}; limit is its own arm."""
+    table: dict[tuple[str, str], dict[str, dict[str, Cell]]] = defaultdict(
+        lambda: defaultdict(lambda: defaultdict(dict))
+    )
+    for run in runs:
+        for eng in run["engines"]:
+            for wl in eng.get("workloads", []):
+                key = wl["key"]
+                arm = eng["arm"]
+                if wl["workload"] == "limit":
+                    key, arm = key.replace("limit@", "repeat@"), "limit"
+                for fig, _, _ in FIGURES:
+                    value = wl["measured"].get(fig)
+                    if value is not None:
+                        table[(run["mode"], key)][arm][fig][(run["run_id"], eng["round"])] = value
+    return table
+
+
+def ratio_spread(num: Cell, den: Cell) -> tuple[float, float, float, int] | None:
+    """Median, min, max of num/den over the rounds both have; None when none is shared."""
+    ratios = [num[k] / den[k] for k in num if k in den and den[k]]
+    if not ratios:
+        return None
+    return median(ratios), min(ratios), max(ratios), len(ratios)
+
+
+def fmt_ratio(r: tuple[float, float, float, int] | None) -> str:
+    if r is None:
+        return "-"
+    mid, lo, hi, _ = r
+    return f"{mid:.2f}x ({lo:.2f}-{hi:.2f})"
+
+
+def skipped_arms(runs: list[dict[str, Any]]) -> dict[str, str]:
+    out = {}
+    for run in runs:
+        for eng in run["engines"]:
+            if eng["status"] == "skipped":
+                out[eng["arm"]] = eng.get("reason", "skipped")
+            elif eng["status"].startswith("failed"):
+                out.setdefault(f"{eng['arm']} (round {eng['round']})", eng["status"])
+    return out
+
+
+def print_report(runs: list[dict[str, Any]]) -> None:
+    table = collect(runs)
+    for (mode, key), arms in sorted(table.items()):
+        rounds = max((len(c) for a in arms.values() for c in a.values()), default=0)
+        print(f"\n== {key}, {mode} ({rounds} round(s); median of rounds, ratio median (min-max)) ==")
+        head = f"{'arm':<9}" + "".join(f"{label:>14}" for _, label, _ in FIGURES)
+        print(head)
+        for arm in [a for a in ARM_ORDER if a in arms]:
+            cells = []
+            for fig, _, form in FIGURES:
+                vals = list(arms[arm].get(fig, {}).values())
+                cells.append(f"{form.format(median(vals)) if vals else '-':>14}")
+            print(f"{arm:<9}" + "".join(cells))
+        for ref in ("upstream", "none", "limit"):
+            if ref not in arms:
+                continue
+            figs = (
+                ("wall_s",)
+                if ref == "limit"
+                else ("wall_s", "req_s", "out_tok_s", "ttft_p50_ms", "ttft_p99_ms")
+            )
+            for arm in [a for a in ("ours", "upstream", "none") if a in arms and a != ref]:
+                parts = [
+                    f"{fig} {fmt_ratio(ratio_spread(arms[arm].get(fig, {}), arms[ref].get(fig, {})))}"
+                    for fig in figs
+                ]
+                print(f"  {arm} / {ref}: " + ", ".join(parts))
+    for arm, why in skipped_arms(runs).items():
+        print(f"\n{arm}: {why}")
+
+
+def plot(runs: list[dict[str, Any]], path: Path) -> None:
+    """Req/s and TTFT p50 per workload and arm (bars: median of rounds; whiskers: min-max)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    table = collect(runs)
+    keys = sorted(table)
+    arms = [a for a in ARM_ORDER if any(a in table[k] for k in keys)]
+    fig, axes = plt.subplots(1, 2, figsize=(max(8, 2.2 * len(keys)), 4.5))
+    width = 0.8 / max(1, len(arms))
+    for ax, (figname, label) in zip(
+        axes, (("req_s", "req/s (higher is better)"), ("ttft_p50_ms", "TTFT p50 ms")), strict=True
+    ):
+        for j, arm in enumerate(arms):
+            xs, mids, lows, highs = [], [], [], []
+            for i, k in enumerate(keys):
+                vals = list(table[k].get(arm, {}).get(figname, {}).values())
+                if not vals:
+                    continue
+                xs.append(i + (j - (len(arms) - 1) / 2) * width)
+                m = median(vals)
+                mids.append(m)
+                lows.append(m - min(vals))
+                highs.append(max(vals) - m)
+            ax.bar(xs, mids, width, yerr=[lows, highs], capsize=3, label=arm)
+        ax.set_xticks(range(len(keys)), [f"{k[1]}\n{k[0]}" for k in keys], fontsize=7)
+        ax.set_ylabel(label)
+        ax.grid(axis="y", alpha=0.3)
+    axes[0].legend(fontsize=8)
+    fig.suptitle("serving bench: no connector, vLLM ECCPUConnector, ours (limit: encoder stubbed)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

