@@ -16,6 +16,7 @@ import importlib.metadata
 import importlib.util
 import os
 import re
+import shutil
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -30,6 +31,8 @@ CPU_DEBUG = "EC_GPU_SUITE_CPU"
 MIN_VLLM = (0, 33)
 MIN_VLLM_CPU_DEBUG = (0, 32)
 TINY_VLM_SEED = 0
+MODEL_DIR = "EC_GPU_SUITE_MODEL_DIR"
+MODEL_DONE = ".written"
 MODEL_LIMIT_S = 300
 
 
@@ -39,6 +42,9 @@ class Target:
 
     device: str
     vllm: str
+
+
+TARGET_KEY = pytest.StashKey["Target | str"]()
 
 
 def vllm_version() -> str | None:
@@ -116,9 +122,6 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.skip(reason=found))
 
 
-TARGET_KEY = pytest.StashKey[Target | str]()
-
-
 @pytest.fixture(scope="session")
 def target(pytestconfig: pytest.Config) -> Target:
     found = pytestconfig.stash.get(TARGET_KEY, None)
@@ -131,10 +134,20 @@ def target(pytestconfig: pytest.Config) -> Target:
 
 @pytest.fixture(scope="session")
 def tiny_vlm_dir(target: Target, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A tiny random-weight Qwen2-VL (tools/tiny_vlm.py --random-weights), written once per session:
-    generated tokens depend on the image embeddings, so identical tokens mean identical embeddings."""
-    out = tmp_path_factory.mktemp("tiny_qwen2_vl")
-    log = out.parent / "tiny_vlm.log"
+    """A tiny random-weight Qwen2-VL (tools/tiny_vlm.py --random-weights): generated tokens depend on
+    the image embeddings, so identical tokens mean identical embeddings.
+
+    Written once per session, or once per machine into EC_GPU_SUITE_MODEL_DIR when that is set
+    (the same seed writes the same weights, so later sessions reuse it).
+    """
+    shared = os.environ.get(MODEL_DIR)
+    if shared and (Path(shared) / MODEL_DONE).exists():
+        return Path(shared)
+    out = Path(shared) if shared else tmp_path_factory.mktemp("tiny_qwen2_vl")
+    if shared:
+        shutil.rmtree(out, ignore_errors=True)  # a write cut short
+        out.mkdir(parents=True)
+    log = tmp_path_factory.getbasetemp() / "tiny_vlm.log"
     with log.open("w") as f:
         proc = subprocess.run(
             [sys.executable, str(REPO_ROOT / "tools" / "tiny_vlm.py"), str(out), "--random-weights",
@@ -144,4 +157,5 @@ def tiny_vlm_dir(target: Target, tmp_path_factory: pytest.TempPathFactory) -> Pa
         )  # fmt: skip
     if proc.returncode != 0:
         pytest.fail(f"tools/tiny_vlm.py exited with {proc.returncode}:\n{tail(log)}")
+    (out / MODEL_DONE).touch()
     return out

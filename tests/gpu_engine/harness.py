@@ -29,6 +29,7 @@ ENGINE_DIR = Path(__file__).parent / "engine"
 REPO_ROOT = Path(__file__).resolve().parents[2]
 SHM = Path("/dev/shm")
 LOG_TAIL = 20000
+PIDS_FILE = "EC_GPU_SUITE_PIDS"
 
 
 def engine_env(device: str, runner: str, *, single_process: bool = True, **extra: str) -> dict[str, str]:
@@ -69,11 +70,20 @@ def tail(log: Path) -> str:
 
 
 def start(cmd: list[str], env: Mapping[str, str], log: Path) -> subprocess.Popen:
-    """`cmd` in a new session (its own process group), stdout and stderr to `log`."""
+    """`cmd` in a new session (its own process group), stdout and stderr to `log`.
+
+    With EC_GPU_SUITE_PIDS set, the process id is appended to that file: a run killed from outside
+    (tools/gpu_suite.sh's time limit) kills these groups too, which left pytest's.
+    """
     with log.open("w") as out:
-        return subprocess.Popen(
+        proc = subprocess.Popen(
             cmd, env=dict(env), cwd=log.parent, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
         )
+    pids = os.environ.get(PIDS_FILE)
+    if pids:
+        with open(pids, "a") as f:
+            f.write(f"{proc.pid}\n")
+    return proc
 
 
 def kill_group(proc: subprocess.Popen, sig: int = signal.SIGKILL) -> None:
