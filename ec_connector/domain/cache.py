@@ -2,15 +2,16 @@
 
 Rules held here:
 - an entry is keyed by its item identifier and owns its extents until it is freed;
-- space is made by evicting READY, unpinned, unannounced entries oldest-first (FIFO): in reservation
-  order, except that an entry goes to the back of the queue when its last pin or grant is released
-  (it was just read: a load or a peer's READ), as vLLM's EmbeddingCache re-queues an entry on
-  unpin. Reservation order alone evicted repeated images too early: 2,827 hits against vLLM's
-  3,298 on `bench/compare_cache.py`'s trace;
+- space is made by evicting READY, unpinned, unannounced entries, in the order of the table's
+  eviction policy (`domain/eviction.py`): `fifo`, reservation order with an entry sent to the back
+  of the queue when its last pin or grant is released (it was just read: a load or a peer's READ),
+  as vLLM's EmbeddingCache re-queues an entry on unpin; or `s3fifo`, which keeps what is read again
+  and lets images seen once go first. The table counts reads (pins and grants) for the policy and
+  tells it what became evictable; the policy never evicts by itself;
 - an allocation that cannot fit even after evicting every evictable entry fails at once and evicts
   nothing;
 - with a run floor (`min_run` blocks), an entry that has to be split is placed in pieces of at
-  least that length: the table evicts further oldest entries, at most as many blocks as the entry
+  least that length: the table evicts the policy's next victims, at most as many blocks as the entry
   itself, until the free space splits that way, and places it in shorter runs only when even that
   does not help (a full cache that evicts exactly what it needs would otherwise hand every new
   entry the slivers its out-of-order frees left, and short runs copy slowly: `bench/aging.py`);
@@ -21,12 +22,12 @@ Rules held here:
 - deadlines (save lease, producer grant lease, announcement, quarantine) are settled by `expire`,
   which the caller runs with the current time; the table never reads a clock.
 
-Costs: metadata is O(entries) (plus outstanding grants). The evictable entries are kept apart (a
-min-heap by queue number with lazy deletion, and a running count of their blocks), so a
-reservation that cannot fit fails in O(1) and one that evicts costs O(log entries) per victim; a
-lookup is one dict read (`phase_of`). Heaps with lazily deleted items are rebuilt from the live
-state whenever they have doubled since the last rebuild, so stale items never outnumber live ones
-by more than a constant.
+Costs: metadata is O(entries) (plus outstanding grants, and the policy's ghost keys). The evictable
+entries are kept apart (a map, a running count of their blocks, and the policy's queue), so a
+reservation that cannot fit fails in O(1) and one that evicts costs the policy's price per victim
+(O(log entries) for `fifo`, O(1) amortised for `s3fifo`); a lookup is one dict read (`phase_of`).
+Heaps and queues with lazily deleted items are rebuilt from the live state whenever they have
+doubled since the last rebuild, so stale items never outnumber live ones by more than a constant.
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ from enum import Enum
 from ec_connector.domain.blocks import ExtentAllocator
 from ec_connector.domain.entries import Entry, Phase
 from ec_connector.domain.errors import IllegalTransition, UnknownEntry
+from ec_connector.domain.eviction import FIFO, EvictionPolicy, make_policy
 
 
 class _Deadline(Enum):
@@ -84,9 +86,10 @@ _MIN_COMPACT = 64  # a heap is not rebuilt below this many items
 
 
 class EntryTable:
-    """Entries of one region, keyed by identifier, in reservation (FIFO) order."""
+    """Entries of one region, keyed by identifier, in reservation order; evicted in the order of
+    the eviction policy named `eviction` (`domain/eviction.py`: "fifo", "s3fifo")."""
 
-    def __init__(self, num_blocks: int, *, min_run: int = 1, max_runs: int = 0) -> None:
+    def __init__(self, num_blocks: int, *, min_run: int = 1, max_runs: int = 0, eviction: str = FIFO) -> None:
         if min_run <= 0:
             raise ValueError(f"min_run must be >= 1, got {min_run}")
         if max_runs < 0:
@@ -109,10 +112,16 @@ class EntryTable:
         self._horizon = _NEVER
         self._evictable: dict[str, Entry] = {}
         self._evictable_rows = 0
-        self._fifo: list[tuple[int, str]] = []  # (order, key) of evictable entries, lazily deleted
-        self._fifo_compact_at = _MIN_COMPACT
+        self._policy: EvictionPolicy = make_policy(
+            eviction, num_blocks=num_blocks, evictable=self._evictable, min_compact=_MIN_COMPACT
+        )
         self._held: list[tuple[float, int, str]] = []  # (announced_until, order, key), lazily deleted
         self._held_compact_at = _MIN_COMPACT
+
+    @property
+    def eviction(self) -> str:
+        """The eviction policy's name."""
+        return self._policy.name
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -150,7 +159,7 @@ class EntryTable:
         lease_s: float,
         protect: Container[str] = (),
     ) -> Reservation | None:
-        """Add a NOT_READY entry of `rows` blocks, evicting FIFO if needed; None if it cannot fit.
+        """Add a NOT_READY entry of `rows` blocks, evicting if needed; None if it cannot fit.
 
         Entries whose keys are in `protect` are not evicted (e.g. items promised to vLLM this
         step). On None nothing was evicted. Raises IllegalTransition if `key` is already held.
@@ -191,6 +200,7 @@ class EntryTable:
         entry = Entry(key=key, extents=extents, rows=rows, ready_deadline=now + lease_s, order=self._order)
         self._entries[key] = entry
         self._phases[key] = _NOT_READY
+        self._policy.reserved(entry)
         self._push(entry.ready_deadline, key, _Deadline.SAVE)
         return Reservation(entry, tuple(evicted), len(evicted) - needed)
 
@@ -215,6 +225,7 @@ class EntryTable:
     def pin(self, key: str) -> Entry:
         entry = self._require(key)
         entry.pin()
+        self._policy.read(entry)
         self._unlist(entry)
         return entry
 
@@ -228,6 +239,7 @@ class EntryTable:
     def grant(self, key: str, grant_id: int, *, now: float, lease_s: float) -> Entry:
         entry = self._require(key)
         entry.grant(grant_id, now + lease_s)
+        self._policy.read(entry)
         self._unlist(entry)
         self._push(now + lease_s, key, _Deadline.GRANT, grant_id)
         return entry
@@ -312,6 +324,7 @@ class EntryTable:
         del self._phases[key]
         if self._evictable.pop(key, None) is not None:
             self._evictable_rows -= entry.rows
+        self._policy.freed(entry)
         self.blocks.release(entry.extents)
 
     def _push(self, deadline: float, key: str, kind: _Deadline, token: int = 0) -> None:
@@ -353,7 +366,8 @@ class EntryTable:
             self._list(entry)
 
     def _requeue(self, entry: Entry) -> None:
-        """A pin or grant was released: once none is left, the entry goes to the back of the FIFO."""
+        """A pin or grant was released: once none is left, the entry takes a new queue number (the
+        back of the `fifo` queue)."""
         if not entry.pins and not entry.grants:
             self._order += 1
             entry.order = self._order
@@ -362,12 +376,7 @@ class EntryTable:
     def _list(self, entry: Entry) -> None:
         self._evictable[entry.key] = entry
         self._evictable_rows += entry.rows
-        fifo = self._fifo
-        heapq.heappush(fifo, (entry.order, entry.key))
-        if len(fifo) > self._fifo_compact_at:
-            fifo[:] = [(e.order, k) for k, e in self._evictable.items()]
-            heapq.heapify(fifo)
-            self._fifo_compact_at = max(_MIN_COMPACT, 2 * len(fifo))
+        self._policy.listed(entry)
 
     def _unlist(self, entry: Entry) -> None:
         if self._evictable.pop(entry.key, None) is not None:
@@ -406,14 +415,14 @@ class EntryTable:
         return sum(e.rows for k, e in evictable.items() if k in protect)
 
     def _evictable_at(self, now: float, protect: Container[str]) -> list[Entry]:
-        """The entries evictable at a `now` before the horizon, oldest first (time went back)."""
+        """The entries evictable at a `now` before the horizon, in eviction order (time went back)."""
         found = [e for k, e in self._evictable.items() if e.announced_until <= now and k not in protect]
-        found.sort(key=lambda e: e.order)
+        found.sort(key=self._policy.rank)
         return found
 
     def _victims(self, needed: int, now: float, protect: Container[str]) -> list[Entry] | None:
-        """The oldest evictable entries freeing at least `needed` blocks; None (nothing taken) if
-        even all of them would not."""
+        """The policy's next evictable entries freeing at least `needed` blocks; None (nothing
+        taken) if even all of them would not."""
         if now < self._horizon:
             victims: list[Entry] = []
             for entry in self._evictable_at(now, protect):
@@ -425,18 +434,4 @@ class EntryTable:
         self._advance(now)
         if needed > self._evictable_rows - self._protected_rows(protect):
             return None
-        fifo, evictable = self._fifo, self._evictable
-        victims, skipped = [], []
-        while needed > 0:
-            item = heapq.heappop(fifo)
-            candidate = evictable.get(item[1])
-            if candidate is None or candidate.order != item[0] or candidate in victims:
-                continue  # stale: no longer evictable (or listed twice)
-            if item[1] in protect:
-                skipped.append(item)
-                continue
-            victims.append(candidate)
-            needed -= candidate.rows
-        for item in skipped:
-            heapq.heappush(fifo, item)
-        return victims
+        return self._policy.victims(needed, protect)

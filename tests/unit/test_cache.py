@@ -638,7 +638,7 @@ def test_an_entry_pinned_and_unpinned_many_times_keeps_one_place_in_the_queue():
     table.unpin("b")  # now "b" is behind "a"
     res = table.reserve("c", 3, now=1.0, lease_s=LEASE)
     assert res is not None and [e.key for e in res.evicted] == ["a"]
-    assert len(table._fifo) <= 64, "the re-queued entry's stale places are dropped"
+    assert table._policy.queued() <= 64, "the re-queued entry's stale places are dropped"
 
 
 def test_metadata_stays_proportional_to_live_entries_and_deadlines():
@@ -660,7 +660,7 @@ def test_metadata_stays_proportional_to_live_entries_and_deadlines():
     assert live <= 64
     # stale heap items are dropped once they outnumber the live ones
     assert len(table._deadlines) <= 2 * live + 64
-    assert len(table._fifo) <= 2 * live + 64
+    assert table._policy.queued() <= 2 * live + 64
     assert len(table._held) <= 2 * live + 64
     assert table.evictable_blocks(now + 1.0) == table.blocks.used_blocks
 
