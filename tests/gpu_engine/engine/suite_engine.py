@@ -19,8 +19,9 @@ from typing import Any
 
 from vllm.v1.core.encoder_cache_manager import EncoderCacheManager
 
-IMAGE_SIZES = [(100, 80), (112, 112), (56, 56), (84, 112), (112, 56), (70, 98), (100, 100), (60, 90)]
-"""Within the tiny model's 56²-112² pixels: 4 to 16 image tokens each."""
+IMAGE_SIZES = [(100, 80), (112, 112), (84, 112), (100, 100), (112, 84), (84, 84), (80, 100), (98, 98)]
+"""Within the tiny model's 56²-112² pixels, 9 to 16 image tokens each (12, 16, 12, 16, 12, 9, 12, 16):
+any two exceed 16 rows, so an encoder cache of 16 rows holds exactly one item."""
 
 
 class SmallEncoderCache(EncoderCacheManager):
