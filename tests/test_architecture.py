@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import json
 import shutil
 import subprocess
@@ -49,3 +50,63 @@ def test_import_linter_contracts_hold():
         pytest.fail("import-linter is part of the dev extra; `make test` installs it")
     result = subprocess.run([lint], cwd=ROOT, capture_output=True, text=True)
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+# -- one owner for the scheduler side's state ------------------------------------------------
+
+PACKAGE = ROOT / "ec_connector"
+OWNER = PACKAGE / "application" / "scheduler.py"
+GUARDED = {"table", "_table", "lock", "_lock"}
+
+
+def _touches_of_the_table(source: str) -> list[str]:
+    """Where `source` reaches the entry table or its lock: an import of the table's module, or an
+    attribute `table`/`lock` (public or private) of anything named like the tier or its scheduler."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.ImportFrom) and node.module == "ec_connector.domain.cache":
+            found.append(f"line {node.lineno}: from ec_connector.domain.cache import ...")
+        elif isinstance(node, ast.Import) and any(a.name == "ec_connector.domain.cache" for a in node.names):
+            found.append(f"line {node.lineno}: import ec_connector.domain.cache")
+        elif isinstance(node, ast.Attribute) and node.attr in GUARDED:
+            owner = ast.unparse(node.value).lower()
+            if "tier" in owner or "scheduler" in owner:
+                found.append(f"line {node.lineno}: {ast.unparse(node)}")
+    return found
+
+
+def test_the_table_detector_finds_each_way_in():
+    bad = (
+        "from ec_connector.domain.cache import EntryTable\n"
+        "with self._tier.lock:\n    self._tier.table.drop(key)\n"
+        "connector._scheduler._table.get(key)\n"
+    )
+    assert len(_touches_of_the_table(bad)) == 4
+    assert _touches_of_the_table("plan.table\nself.table = x\nwith self._lock: pass\n") == []
+
+
+def test_only_the_tier_scheduler_touches_the_entry_table_or_its_lock():
+    """The scheduler side's locking rule lives in one module: services and entry points call the
+    scheduler's intent methods instead of taking its lock and editing its table."""
+    offenders = {
+        str(path.relative_to(ROOT)): hits
+        for path in sorted(PACKAGE.rglob("*.py"))
+        if path != OWNER and path.parent.name != "domain"
+        for hits in [_touches_of_the_table(path.read_text())]
+        if hits
+    }
+    assert offenders == {}
+
+
+def test_the_tier_scheduler_keeps_its_table_and_lock_private():
+    tree = ast.parse(OWNER.read_text())
+    [cls] = [n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "TierScheduler"]
+    public = {n.name for n in cls.body if isinstance(n, ast.FunctionDef)}
+    public |= {
+        t.attr
+        for n in ast.walk(cls)
+        if isinstance(n, ast.Assign)
+        for t in n.targets
+        if isinstance(t, ast.Attribute) and ast.unparse(t.value) == "self"
+    }
+    assert public.isdisjoint({"table", "lock"}), sorted(public & {"table", "lock"})

@@ -29,11 +29,9 @@ import structlog
 from ec_connector.application.scheduler import TierScheduler
 from ec_connector.application.stats import PeerStats
 from ec_connector.domain.config import ConnectorConfig
-from ec_connector.domain.entries import Phase
 from ec_connector.domain.errors import ProtocolError
 from ec_connector.domain.protocol import PROTOCOL_VERSION, NextStep, XferAck, XferDone, XferReq, next_step
 from ec_connector.domain.publish import PeerAddress, PeerRef, parse_transfer_params
-from ec_connector.domain.transfers import EventKind
 from ec_connector.logging import log_context
 from ec_connector.ports.control import ControlClient
 from ec_connector.ports.peer import PeerTransport, ReadState
@@ -108,51 +106,49 @@ class ConsumerFetcher:
         """True when no item of the request is still being fetched (deferred while False)."""
         refs = self._refs(request_id, params) if params else {}
         pending = False
-        with self._tier.lock:
-            now = self._clock.now()
-            for item in items:
-                if self._tier.table.is_ready(item.key):
-                    if not item.has_media:  # nothing could encode it if it were evicted now
-                        self._tier.promise(item.key)
-                    continue
-                fetch = self._fetches.get(item.key)
-                if fetch is not None:
-                    if not item.has_media:
-                        fetch.waiting_without_media.add(request_id)
-                    pending = True
-                    continue
-                ref = refs.get(item.key)
-                if (
-                    ref is not None
-                    and item.key not in self._fell_back
-                    and self._start(ref, item, now, request_id)
-                ):
-                    if not item.has_media:
-                        self._fetches[item.key].waiting_without_media.add(request_id)
-                    pending = True
-                elif not item.has_media:
-                    # Nothing here can encode it: keep the request unscheduled until
-                    # take_unavailable fails it (scheduled, it would reach the encoder empty).
-                    self._unavailable.add(request_id)
-                    pending = True
+        now = self._clock.now()
+        for item in items:
+            if self._tier.is_ready(item.key):
+                if not item.has_media:  # nothing could encode it if it were evicted now
+                    self._tier.promise(item.key)
+                continue
+            fetch = self._fetches.get(item.key)
+            if fetch is not None:
+                if not item.has_media:
+                    fetch.waiting_without_media.add(request_id)
+                pending = True
+                continue
+            ref = refs.get(item.key)
+            if (
+                ref is not None
+                and item.key not in self._fell_back
+                and self._start(ref, item, now, request_id)
+            ):
+                if not item.has_media:
+                    self._fetches[item.key].waiting_without_media.add(request_id)
+                pending = True
+            elif not item.has_media:
+                # Nothing here can encode it: keep the request unscheduled until
+                # take_unavailable fails it (scheduled, it would reach the encoder empty).
+                self._unavailable.add(request_id)
+                pending = True
         return not pending
 
     def poll(self) -> None:
         """Apply acks and peer losses, progress READs, enforce every deadline; non-blocking."""
         replies = self._control.poll()
-        with self._tier.lock:
-            now = self._clock.now()
-            for reply in replies:
-                if reply.ack is None:
-                    self._peer_lost(reply.address)
-                else:
-                    fetch = self._fetches.get(reply.ack.mm_hash)
-                    with self._bound(reply.ack.mm_hash, fetch):
-                        self._on_ack(reply.address, reply.ack, now)
-            for key, fetch in list(self._fetches.items()):
-                self._progress(key, fetch, now)  # its lines name the fetch themselves
-            horizon = now - self._config.announce_lease_s
-            self._fell_back = {k: t for k, t in self._fell_back.items() if t > horizon}
+        now = self._clock.now()
+        for reply in replies:
+            if reply.ack is None:
+                self._peer_lost(reply.address)
+            else:
+                fetch = self._fetches.get(reply.ack.mm_hash)
+                with self._bound(reply.ack.mm_hash, fetch):
+                    self._on_ack(reply.address, reply.ack, now)
+        for key, fetch in list(self._fetches.items()):
+            self._progress(key, fetch, now)  # its lines name the fetch themselves
+        horizon = now - self._config.announce_lease_s
+        self._fell_back = {k: t for k, t in self._fell_back.items() if t > horizon}
 
     def has_pending_work(self) -> bool:
         return bool(self._fetches)
@@ -189,10 +185,10 @@ class ConsumerFetcher:
                 self.stats.bad_params += 1
                 log.warning("transfer_size_mismatch", size=ref.size_bytes, rows=item.rows, peer=_peer(ref))
                 return False
-            if item.key in self._tier.table:
+            if self._tier.holds(item.key):
                 return False  # a local save of the same item is in flight
             lease = self._config.consumer_ack_timeout_s + self._config.not_ready_give_up_s
-            reservation = self._tier.reserve_for_peer(
+            reservation = self._tier.reserve_fetch(
                 item.key, item.rows, now=now, lease_s=lease + self._config.read_timeout_s
             )
             fetch = _Fetch(
@@ -245,7 +241,7 @@ class ConsumerFetcher:
             self._read(ack, fetch, now)
 
     def _read(self, ack: XferAck, fetch: _Fetch, now: float) -> None:
-        entry = self._tier.table.get(ack.mm_hash)
+        entry = self._tier.entry(ack.mm_hash)
         size = fetch.rows * self._tier.layout.block_size_bytes
         if (
             entry is None
@@ -308,14 +304,14 @@ class ConsumerFetcher:
 
     def _done(self, key: str, fetch: _Fetch, now: float) -> None:
         del self._fetches[key]
-        self._tier.table.mark_ready(key)
-        # First the message the producer waits on to unpin; then the bookkeeping.
+        # First the message the producer waits on to unpin; then the bookkeeping (the entry turns
+        # READY and its STORED event goes out on this thread, before any lookup can see it).
         self._control.send(fetch.ref.address, XferDone(PROTOCOL_VERSION, key, fetch.grant_id))
+        self._tier.finish_fetch(key)
         self.stats.reads_done += 1
         self.stats.bytes_read += fetch.ref.size_bytes
         self.stats.latencies.observe("peer_read", now - (fetch.read_started or now))
         self.stats.latencies.observe("peer_fetch", now - fetch.started)
-        self._tier.publish_event(EventKind.STORED, key, fetch.rows)
         self._log_transfer(key, fetch, now)
 
     def _peer_lost(self, address: PeerAddress) -> None:
@@ -341,13 +337,9 @@ class ConsumerFetcher:
 
     def _fail(self, key: str, fetch: _Fetch, now: float, reason: str, *, quarantine: bool = False) -> None:
         del self._fetches[key]
-        entry = self._tier.table.get(key)
-        if entry is not None and entry.phase is Phase.NOT_READY:
-            if quarantine:
-                self._tier.table.quarantine(key, now=now, quarantine_s=self._config.quarantine_s)
-                self.stats.quarantines += 1
-            else:
-                self._tier.table.drop(key)
+        quarantine_s = self._config.quarantine_s if quarantine else None
+        if self._tier.fail_fetch(key, now=now, quarantine_s=quarantine_s):
+            self.stats.quarantines += 1
         if fetch.grant_id and reason != "read_not_started":
             self._control.send(fetch.ref.address, XferDone(PROTOCOL_VERSION, key, fetch.grant_id))
         self._unavailable |= fetch.waiting_without_media

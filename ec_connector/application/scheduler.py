@@ -4,27 +4,31 @@ Runs in the engine-core process. It owns the entry table; workers learn what to 
 `StepPlan` this service hands out, and report back through the region's completion table, so
 completion reaches this side on every model runner (worker metadata is never needed).
 
-The table is also read by the P2P services, whose producer side answers peers from an I/O thread:
-every public method holds `lock`, and so must any other user of `table`, with one exception:
-`has_item`, vLLM's per-item lookup, reads an entry's phase without `lock` once the step has
-polled (see there for why that is safe).
+It is the one owner of the entry table and of the lock that guards it: the P2P services (the
+producer desk answers peers from an I/O thread) and the vLLM entry point call its intent methods
+(announce, grant, release a grant, reserve/finish/fail a peer fetch, a stats snapshot), each of
+which holds the lock for its own table operations. Nothing else touches the table or the lock, so
+the locking rule lives in this module alone (tests/test_architecture.py checks it). One read
+skips the lock: `has_item`, vLLM's per-item lookup, reads an entry's phase without it once the
+step has polled (see there for why that is safe).
 """
 
 from __future__ import annotations
 
 import itertools
 import threading
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field, replace
 from enum import Enum
 
 import structlog
 
-from ec_connector.application.stats import Occupancy, TierStats
+from ec_connector.application.stats import Occupancy, TierSnapshot, TierStats
 from ec_connector.domain.cache import EntryTable, Expiry, Reservation
 from ec_connector.domain.config import ConnectorConfig
 from ec_connector.domain.entries import Entry, Phase
 from ec_connector.domain.layout import Layout
+from ec_connector.domain.protocol import AckStatus, XferReq, answer_status, fits_one_ack
 from ec_connector.domain.transfers import CacheEvent, Completion, EventKind, PlannedCopy, StepPlan
 from ec_connector.logging import debug_enabled
 from ec_connector.ports.region import Region
@@ -48,6 +52,22 @@ class _Pending:
     started: float
     size_bytes: int
     failed: bool = field(default=False)
+
+
+@dataclass(frozen=True, slots=True)
+class Grant:
+    """One producer grant: a pin on `key` while `holder` (a consumer engine) READs its blocks.
+
+    `runs` are the entry's (offset, length) byte runs in the region, as the ack carries them.
+    """
+
+    grant_id: int
+    key: str
+    holder: str
+    granted_at: float
+    rows: int
+    size_bytes: int
+    runs: tuple[tuple[int, int], ...]
 
 
 class TierScheduler:
@@ -88,53 +108,161 @@ class TierScheduler:
         self._planned_keys: set[str] = set()
         self._promised: set[str] = set()
         self._polled = False
-        self._grant_lapse_listeners: list[Callable[[str, int], None]] = []
-        self.lock = threading.RLock()
+        self._grant_ids = itertools.count(1)
+        self._grants: dict[int, Grant] = {}
+        self._grant_lapse_listeners: list[Callable[[Grant], None]] = []
+        self._lock = threading.RLock()
         self.stats = TierStats()
+        """The counters, for reading on the step thread; `snapshot()` takes them consistently."""
 
     @property
     def engine_id(self) -> str:
         return self._engine_id
 
     @property
-    def table(self) -> EntryTable:
-        return self._table
-
-    @property
     def layout(self) -> Layout:
         return self._layout
 
-    def account_evictions(self, reservation: Reservation) -> None:
-        """Count and announce entries a reservation evicted (hold `lock`)."""
-        for victim in reservation.evicted:
+    # -- inspection: detached copies, for tests, tools and logs ---------------------------
+
+    def entry(self, key: str) -> Entry | None:
+        """A copy of `key`'s entry (None when absent): changing it changes nothing in the tier."""
+        with self._lock:
+            entry = self._table.get(key)
+            return None if entry is None else _detached(entry)
+
+    def entries(self) -> tuple[Entry, ...]:
+        """Copies of every entry, in no particular order."""
+        with self._lock:
+            return tuple(_detached(entry) for entry in self._table.entries())
+
+    def holds(self, key: str) -> bool:
+        """True when `key` has an entry in any phase (its blocks are taken)."""
+        return key in self._table  # one dict read: atomic, as in `has_item`
+
+    def is_ready(self, key: str) -> bool:
+        """True when `key`'s bytes are in the region (READY), whatever the role."""
+        return self._phase_of(key) is _READY  # one dict read: atomic, as in `has_item`
+
+    def snapshot(self) -> TierSnapshot:
+        """The counters, the latencies observed since the last snapshot (taken: emptied), and the
+        occupancy, read together under the lock (the producer's I/O thread may be polling)."""
+        with self._lock:
+            return TierSnapshot(
+                counters=self.stats.as_dict(),
+                samples=self.stats.latencies.take(),
+                occupancy=self._occupancy(),
+            )
+
+    def evict(self, key: str) -> bool:
+        """Evict `key` now, as pressure would: only a READY entry that nothing holds (no pin, grant
+        or live announcement); counted and published as an eviction. True when it was evicted.
+        Benches and tests use it to make the next lookup of an item miss."""
+        with self._lock:
+            entry = self._table.get(key)
+            if entry is None or not entry.is_evictable(self._clock.now()):
+                return False
+            self._table.drop(key)
             self.stats.evictions += 1
-            self._publish(EventKind.EVICTED, victim.key, victim.rows)
-        self.stats.evictions_for_runs += reservation.for_runs
+            self._publish(EventKind.EVICTED, key, entry.rows)
+            return True
 
-    def reserve_for_peer(self, key: str, rows: int, *, now: float, lease_s: float) -> Reservation | None:
-        """Reserve blocks for an item a peer will write (a P2P fetch), as a save would be reserved:
-        never evicting an item vLLM was promised this step; evictions counted and announced."""
-        with self.lock:
-            reservation = self._table.reserve(key, rows, now=now, lease_s=lease_s, protect=self._promised)
-            if reservation is not None:
-                self.account_evictions(reservation)
-            return reservation
+    # -- P2P, producer side ----------------------------------------------------------------
 
-    def on_grant_lapsed(self, listener: Callable[[str, int], None]) -> None:
-        """Call `listener(key, grant_id)` (under `lock`) for each grant whose pin lease lapses."""
+    def announce(self, keys: Iterable[str], *, lease_s: float) -> dict[str, int]:
+        """Announce the servable ones of `keys` for `lease_s` (they survive until read, or the lease
+        ends); their size in bytes by key. Servable: held (saved or still saving), not quarantined,
+        and few enough runs for one ack. Each announcement is published as an event."""
+        servable: dict[str, int] = {}
+        with self._lock:
+            now = self._clock.now()
+            for key in keys:
+                entry = self._table.get(key)
+                if entry is None or entry.phase is Phase.QUARANTINED or not fits_one_ack(entry):
+                    continue
+                self._table.announce(key, now=now, lease_s=lease_s)
+                servable[key] = entry.rows * self._row_bytes
+                self._publish(EventKind.ANNOUNCED, key, entry.rows)
+        return servable
+
+    def grant(self, req: XferReq, *, fingerprint: str, lease_s: float) -> tuple[AckStatus, Grant | None]:
+        """The producer's answer to `req`: OK with a grant (a pin on the entry under `lease_s`,
+        ended by `release_grant` or by lapsing), or a refusal and None (thread-safe).
+
+        An entry still saving is checked again after reading the completion table: the save may
+        have landed since the engine last stepped (an idle engine does not step).
+        """
+        with self._lock:
+            entry = self._table.get(req.mm_hash)
+            if entry is not None and entry.phase is Phase.NOT_READY:
+                self._poll()
+                entry = self._table.get(req.mm_hash)
+            status = answer_status(req, fingerprint=fingerprint, entry=entry)
+            if status is not AckStatus.OK or entry is None:
+                return status, None
+            grant_id = next(self._grant_ids)
+            now = self._clock.now()
+            self._table.grant(req.mm_hash, grant_id, now=now, lease_s=lease_s)
+            size = entry.rows * self._row_bytes
+            runs = self._layout.byte_runs(entry.extents)
+            grant = Grant(grant_id, req.mm_hash, req.consumer, now, entry.rows, size, runs)
+            self._grants[grant_id] = grant
+            return status, grant
+
+    def release_grant(self, key: str, grant_id: int) -> Grant | None:
+        """End grant `grant_id` on `key` (its consumer's READ ended); the grant, or None when it was
+        not held (lapsed already, or never granted). Thread-safe."""
+        with self._lock:
+            if not self._table.release_grant(key, grant_id):
+                return None
+            return self._grants.pop(grant_id, None)
+
+    def on_grant_lapsed(self, listener: Callable[[Grant], None]) -> None:
+        """Call `listener(grant)` (under the lock, keep it short) for each grant whose lease lapses."""
         self._grant_lapse_listeners.append(listener)
 
-    def publish_event(self, kind: EventKind, key: str, rows: int) -> None:
-        """Hand a cache event to the event sink (sizes in bytes of this region's layout)."""
-        self._publish(kind, key, rows)
+    # -- P2P, consumer side ----------------------------------------------------------------
+
+    def reserve_fetch(self, key: str, rows: int, *, now: float, lease_s: float) -> Reservation | None:
+        """Reserve blocks for an item a peer will write (a P2P fetch), as a save would be reserved:
+        never evicting an item vLLM was promised this step; evictions counted and announced.
+        None when the region cannot take it. The fetch ends with `finish_fetch` or `fail_fetch`."""
+        with self._lock:
+            reservation = self._table.reserve(key, rows, now=now, lease_s=lease_s, protect=self._promised)
+            if reservation is not None:
+                self._account_evictions(reservation)
+            return reservation
+
+    def finish_fetch(self, key: str) -> None:
+        """The bytes of the fetch reserved for `key` are in place: the entry is READY (and stored,
+        as an event)."""
+        with self._lock:
+            entry = self._table.mark_ready(key)
+            self._publish(EventKind.STORED, key, entry.rows)
+
+    def fail_fetch(self, key: str, *, now: float, quarantine_s: float | None = None) -> bool:
+        """Give up the fetch reserved for `key`: its blocks are freed, or, with `quarantine_s`
+        (a DMA may still write them), held unusable that long from `now`. A no-op unless the entry is still
+        NOT_READY. True when it was quarantined."""
+        with self._lock:
+            entry = self._table.get(key)
+            if entry is None or entry.phase is not Phase.NOT_READY:
+                return False
+            if quarantine_s is None:
+                self._table.drop(key)
+                return False
+            self._table.quarantine(key, now=now, quarantine_s=quarantine_s)
+            return True
+
+    # -- vLLM's scheduler-side hooks -------------------------------------------------------
 
     def has_item(self, key: str) -> bool:
         """True when `key` can be reloaded from the tier (consumer or both roles only).
 
         A True answer protects the entry from eviction until this step's plan is taken.
 
-        Only the step's first call takes `lock` (to poll). The rest is one dict read of the entry's
-        phase, safe without `lock`: a dict read is atomic, and a READY entry stays READY until
+        Only the step's first call takes the lock (to poll). The rest is one dict read of the entry's
+        phase, safe without the lock: a dict read is atomic, and a READY entry stays READY until
         this thread evicts it. The producer's I/O thread does change the table (it grants and
         releases, and it polls: completions turn entries READY, expiry ends leases and frees
         QUARANTINED entries), but it never evicts or frees a READY entry; a NOT_READY read that
@@ -142,7 +270,7 @@ class TierScheduler:
         thread's alone.
         """
         if not self._polled:
-            with self.lock:
+            with self._lock:
                 self._poll_once_per_step()
         if not self._role_loads:
             return False
@@ -162,7 +290,7 @@ class TierScheduler:
 
     def on_allocated(self, key: str, rows: int) -> None:
         """vLLM made room for item `key` of `rows` rows: plan its reload, or its offload."""
-        with self.lock:
+        with self._lock:
             self._on_allocated(key, rows)
 
     def _on_allocated(self, key: str, rows: int) -> None:
@@ -180,7 +308,7 @@ class TierScheduler:
 
     def take_plan(self) -> StepPlan:
         """This step's copies for the workers; resets the step."""
-        with self.lock:
+        with self._lock:
             return self._take_plan()
 
     def _take_plan(self) -> StepPlan:
@@ -194,7 +322,7 @@ class TierScheduler:
 
     def poll(self) -> None:
         """Apply completions the workers posted and settle every lapsed deadline."""
-        with self.lock:
+        with self._lock:
             self._poll()
 
     def _poll(self) -> None:
@@ -211,12 +339,12 @@ class TierScheduler:
 
     def has_pending_work(self) -> bool:
         """True while a planned copy has not completed on every rank it involves."""
-        with self.lock:
+        with self._lock:
             self._poll()
             return bool(self._pending or self._saves or self._loads)
 
     def occupancy(self) -> Occupancy:
-        with self.lock:
+        with self._lock:
             return self._occupancy()
 
     def _occupancy(self) -> Occupancy:
@@ -235,6 +363,13 @@ class TierScheduler:
             self._polled = True
             self._poll()
 
+    def _account_evictions(self, reservation: Reservation) -> None:
+        """Count and announce entries a reservation evicted (hold the lock)."""
+        for victim in reservation.evicted:
+            self.stats.evictions += 1
+            self._publish(EventKind.EVICTED, victim.key, victim.rows)
+        self.stats.evictions_for_runs += reservation.for_runs
+
     def _plan_save(self, key: str, rows: int, now: float) -> None:
         reservation = self._table.reserve(
             key, rows, now=now, lease_s=self._config.save_lease_s, protect=self._promised
@@ -244,7 +379,7 @@ class TierScheduler:
             if _debug():
                 log.debug("offload_skipped_region_full", mm_hash=key, rows=rows)  # counted: not_offloaded
             return
-        self.account_evictions(reservation)
+        self._account_evictions(reservation)
         entry = reservation.entry
         copy = self._plan(_Kind.SAVE, entry, now)
         self._save_ticket[key] = copy.ticket
@@ -313,12 +448,19 @@ class TierScheduler:
             log.warning("offload_lease_lapsed", mm_hash=key)
         self.stats.quarantines_settled += len(expiry.quarantines_settled)
         self.stats.grants_lapsed += len(expiry.grants_released)
-        for key, grant_id in expiry.grants_released:
-            for listener in self._grant_lapse_listeners:
-                listener(key, grant_id)
+        for _key, grant_id in expiry.grants_released:
+            grant = self._grants.pop(grant_id, None)
+            if grant is not None:
+                for listener in self._grant_lapse_listeners:
+                    listener(grant)
         for key in expiry.announcements_ended:
             entry = self._table.get(key)
             self._publish(EventKind.EXPIRED, key, entry.rows if entry else 0)
 
     def _publish(self, kind: EventKind, key: str, rows: int) -> None:
         self._events.publish(CacheEvent(kind, key, self._engine_id, rows * self._row_bytes))
+
+
+def _detached(entry: Entry) -> Entry:
+    """A copy of `entry` that shares no mutable state with it."""
+    return replace(entry, grants=dict(entry.grants))

@@ -79,6 +79,16 @@ class Occupancy:
     capacity_bytes: int
 
 
+@dataclass(frozen=True, slots=True)
+class TierSnapshot:
+    """The scheduler side's counters, the latencies taken since the last snapshot, and the occupancy,
+    read at one instant."""
+
+    counters: dict[str, int]
+    samples: dict[str, list[float]]
+    occupancy: Occupancy
+
+
 @dataclass(slots=True)
 class PeerStats:
     """Monotonic counters of the P2P flows (producer and consumer sides)."""

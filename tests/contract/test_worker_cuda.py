@@ -259,7 +259,7 @@ def _stored_differs(region: ShmRegion, scheduler: TierScheduler, items: list[tup
     try:
         differ = []
         for (key, _), want in zip(items, originals, strict=True):
-            entry = scheduler.table.get(key)
+            entry = scheduler.entry(key)
             assert entry is not None, f"{key} has no entry"
             stored = torch.cat([host[e.start : e.end] for e in entry.extents])
             if not torch.equal(stored, want.view(torch.int16)):
@@ -320,8 +320,9 @@ def test_two_workers_save_and_load_through_a_shared_region(device: str, width: i
         plan = scheduler.take_plan()
         assert [c.key for c in plan.saves] == [k for k, _ in items] and not plan.loads
         workers.send("save", plan)
-        table = scheduler.table
-        _wait_until(lambda: all(table.is_ready(k) for k, _ in items), scheduler, workers, "every save ready")
+        _wait_until(
+            lambda: all(scheduler.is_ready(k) for k, _ in items), scheduler, workers, "every save ready"
+        )
         workers.expect("saved")
         assert scheduler.stats.saves_done == len(items) and scheduler.stats.saves_failed == 0
         assert [(e.kind, e.mm_hash) for e in events.events] == [(EventKind.STORED, k) for k, _ in items]
@@ -336,7 +337,7 @@ def test_two_workers_save_and_load_through_a_shared_region(device: str, width: i
             scheduler.on_allocated(key, n)
         plan = scheduler.take_plan()
         assert [c.key for c in plan.loads] == [k for k, _ in again] and not plan.saves
-        assert all(table.get(k).pin_count == 1 for k, _ in items)  # type: ignore[union-attr]
+        assert all(scheduler.entry(k).pin_count == 1 for k, _ in items)  # type: ignore[union-attr]
         workers.send("load", plan)
         _wait_until(lambda: not scheduler.has_pending_work(), scheduler, workers, "every load done")
         reports = workers.expect("loaded")
@@ -348,7 +349,7 @@ def test_two_workers_save_and_load_through_a_shared_region(device: str, width: i
                     f"rank {rank} loaded {key} onto {seen['device']}"
                 )
                 assert seen["equal"], f"rank {rank}: {key} differs from the original after the round trip"
-        assert all(not table.get(k).is_pinned for k, _ in items)  # type: ignore[union-attr]
+        assert all(not scheduler.entry(k).is_pinned for k, _ in items)  # type: ignore[union-attr]
         stats = scheduler.stats
         assert (stats.loads_done, stats.loads_failed, stats.unknown_completions) == (len(items), 0, 0)
         assert not scheduler.has_pending_work()

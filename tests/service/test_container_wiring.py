@@ -28,9 +28,8 @@ def test_a_producer_asked_for_port_0_advertises_the_port_its_server_bound():
     try:
         desk, server, tier = container.producer_desk(), container.control_server(), container.tier_scheduler()
         assert server.address.port != 0, "port 0 asks the system for a free port"
-        with tier.lock:
-            tier.table.reserve("img", 2, now=container.clock().now(), lease_s=60.0)
-            tier.table.mark_ready("img")
+        tier.reserve_fetch("img", 2, now=container.clock().now(), lease_s=60.0)  # as a peer READ lands it
+        tier.finish_fetch("img")
         params = desk.publish({"img": {}})
         assert (params["img"]["peer_host"], params["img"]["peer_port"]) == ("127.0.0.1", server.address.port)
     finally:
@@ -97,9 +96,8 @@ def test_each_start_names_its_nixl_agent_anew_and_the_desk_acks_with_the_transpo
     container.peer_transport.override(providers.Object(transport))
     try:
         tier, desk = container.tier_scheduler(), container.producer_desk()
-        with tier.lock:
-            tier.table.reserve("img", 2, now=container.clock().now(), lease_s=60.0)
-            tier.table.mark_ready("img")
+        tier.reserve_fetch("img", 2, now=container.clock().now(), lease_s=60.0)  # as a peer READ lands it
+        tier.finish_fetch("img")
         ack = desk.answer(XferReq(PROTOCOL_VERSION, "img", "", "cons"))
         assert ack.status is AckStatus.OK and ack.agent_name == transport.agent_name
     finally:

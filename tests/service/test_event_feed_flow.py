@@ -114,7 +114,7 @@ def test_an_eviction_reaches_the_subscriber_before_a_consumer_is_refused_the_ent
         assert evicted.size_bytes == params["img-a"]["size_bytes"]
         held.pop(evicted.mm_hash)  # what examples/event_subscriber.py tells an orchestrator to do
         assert held == {}
-        assert "img-a" not in eng.scheduler.table
+        assert not eng.scheduler.holds("img-a")
 
         # an orchestrator without the feed would still forward the params: the producer refuses them
         wanted = [WantedItem("img-a", 4)]
@@ -147,9 +147,11 @@ def test_without_an_address_the_container_keeps_the_log_sink_and_with_one_publis
     assert fed.tier_scheduler()._events is sink
     feed = Feed(sink)
     try:
-        fed.tier_scheduler().publish_event(EventKind.EVICTED, "img-z", 2)
+        tier = fed.tier_scheduler()
+        tier.reserve_fetch("img-z", 2, now=0.0, lease_s=60.0)  # a peer READ lands it: STORED
+        tier.finish_fetch("img-z")
         event = feed.next()
-        assert (event.kind, event.mm_hash, event.size_bytes) == (EventKind.EVICTED, "img-z", 2 * 4 * 2)
+        assert (event.kind, event.mm_hash, event.size_bytes) == (EventKind.STORED, "img-z", 2 * 4 * 2)
     finally:
         feed.close()
         fed.shutdown_resources()
@@ -170,7 +172,8 @@ def test_the_data_parallel_ranks_of_one_engine_each_bind_their_own_feed(tmp_path
         assert [s.address for s in sinks] == [address, f"{address}_dp1"]
         feed = Feed(sinks[1])
         try:
-            ranks[1].tier_scheduler().publish_event(EventKind.EVICTED, "img-r1", 1)
+            ranks[1].tier_scheduler().reserve_fetch("img-r1", 1, now=0.0, lease_s=60.0)
+            ranks[1].tier_scheduler().finish_fetch("img-r1")
             assert feed.next().mm_hash == "img-r1"
         finally:
             feed.close()

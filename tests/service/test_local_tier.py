@@ -17,11 +17,11 @@ from .conftest import Engine, HostPayload, encoder_output
 def test_offloaded_item_becomes_ready_only_when_its_save_completes():
     eng = Engine(hold=True)
     eng.step([("img-a", 3)])
-    assert eng.scheduler.table.get("img-a").phase is Phase.NOT_READY
+    assert eng.scheduler.entry("img-a").phase is Phase.NOT_READY
     assert eng.scheduler.has_pending_work()
     assert not eng.scheduler.has_item("img-a")
     eng.settle()
-    assert eng.scheduler.table.get("img-a").phase is Phase.READY
+    assert eng.scheduler.entry("img-a").phase is Phase.READY
     assert not eng.scheduler.has_pending_work()
     assert [(e.kind, e.mm_hash, e.size_bytes) for e in eng.events.events] == [
         (EventKind.STORED, "img-a", 3 * eng.layout.block_size_bytes)
@@ -47,16 +47,15 @@ def test_reloaded_entry_is_unpinned_only_after_every_rank_completes():
     eng.step([("img-a", 2)])
     eng.settle()
     eng.step([("img-a", 2)])
-    entry = eng.scheduler.table.get("img-a")
-    assert entry.pins == 1
+    assert eng.scheduler.entry("img-a").pins == 1
     eng.copiers[0].release_held()
     eng.workers[0].flush()
     eng.scheduler.poll()
-    assert entry.pins == 1, "rank 1 has not finished its load yet"
+    assert eng.scheduler.entry("img-a").pins == 1, "rank 1 has not finished its load yet"
     eng.copiers[1].release_held()
     eng.workers[1].flush()
     eng.scheduler.poll()
-    assert entry.pins == 0
+    assert eng.scheduler.entry("img-a").pins == 0
     assert not eng.scheduler.has_pending_work()
 
 
@@ -65,7 +64,7 @@ def test_only_the_writer_rank_saves():
     eng.step([("img-a", 2)])
     eng.settle()
     assert eng.copiers[0].saved and not eng.copiers[1].saved
-    assert eng.scheduler.table.is_ready("img-a")
+    assert eng.scheduler.is_ready("img-a")
 
 
 def test_every_rank_loads():
@@ -87,8 +86,8 @@ def test_eviction_under_pressure_is_fifo_and_announced_as_events():
     eng.settle()
     evicted = [e.mm_hash for e in eng.events.events if e.kind is EventKind.EVICTED]
     assert evicted == ["a"]
-    assert not eng.scheduler.table.get("a")
-    assert all(eng.scheduler.table.is_ready(k) for k in ("b", "c", "d"))
+    assert not eng.scheduler.entry("a")
+    assert all(eng.scheduler.is_ready(k) for k in ("b", "c", "d"))
     assert eng.scheduler.stats.evictions == 1
 
 
@@ -101,7 +100,7 @@ def test_the_run_floor_evicts_one_more_oldest_entry_counts_it_and_announces_it()
     eng.settle()
     evicted = [e.mm_hash for e in eng.events.events if e.kind is EventKind.EVICTED]
     assert evicted == ["a", "b"]
-    assert eng.scheduler.table.get("d").extents == (Extent(0, 4),)
+    assert eng.scheduler.entry("d").extents == (Extent(0, 4),)
     assert eng.scheduler.stats.evictions == 2
     assert eng.scheduler.stats.evictions_for_runs == 1
 
@@ -113,7 +112,7 @@ def test_region_full_of_pinned_entries_means_the_item_is_simply_not_offloaded():
     eng.step([("a", 3), ("b", 3)])  # both reloading: pinned until the loads end
     result = eng.step([("c", 2)])
     assert result.encoded == ["c"]
-    assert "c" not in eng.scheduler.table
+    assert not eng.scheduler.holds("c")
     assert eng.scheduler.stats.not_offloaded == 1
     assert eng.scheduler.stats.evictions == 0
     assert not [e for e in eng.events.events if e.kind is EventKind.EVICTED]
@@ -124,7 +123,7 @@ def test_item_larger_than_the_region_is_not_offloaded_and_evicts_nothing():
     eng.step([("a", 4)])
     eng.settle()
     eng.step([("huge", 9)])
-    assert eng.scheduler.table.is_ready("a")
+    assert eng.scheduler.is_ready("a")
     assert eng.scheduler.stats.not_offloaded == 1
 
 
@@ -147,10 +146,10 @@ def test_payload_that_does_not_match_the_layout_is_dropped_and_nothing_written()
     before = bytes(eng.region.data())
     eng.step([("img-a", 2)], payloads={"img-a": bad})
     eng.scheduler.poll()
-    assert "img-a" not in eng.scheduler.table
+    assert not eng.scheduler.holds("img-a")
     assert bytes(eng.region.data()) == before
     assert eng.scheduler.stats.saves_failed == 1
-    assert eng.scheduler.table.blocks.free_blocks == eng.layout.num_blocks
+    assert eng.scheduler.occupancy().free_blocks == eng.layout.num_blocks
 
 
 def test_one_bad_payload_fails_only_its_own_save_in_a_batch():
@@ -158,7 +157,7 @@ def test_one_bad_payload_fails_only_its_own_save_in_a_batch():
     bad = HostPayload("float32", 2, 4, b"\0" * 32)
     eng.step([("img-a", 2), ("img-b", 2), ("img-c", 3)], payloads={"img-b": bad})
     eng.scheduler.poll()
-    assert "img-b" not in eng.scheduler.table
+    assert not eng.scheduler.holds("img-b")
     assert eng.scheduler.stats.saves_failed == 1
     assert eng.step([("img-a", 2), ("img-c", 3)]).loaded == {
         "img-a": encoder_output("img-a", 2),
@@ -170,14 +169,14 @@ def test_producer_role_never_reloads_and_consumer_role_never_offloads():
     producer = Engine(role=Role.PRODUCER)
     producer.step([("a", 2)])
     producer.settle()
-    assert producer.scheduler.table.is_ready("a")
+    assert producer.scheduler.is_ready("a")
     assert not producer.scheduler.has_item("a")
     assert producer.step([("a", 2)]).encoded == ["a"]
 
     consumer = Engine(role=Role.CONSUMER)
     consumer.step([("a", 2)])
     consumer.settle()
-    assert "a" not in consumer.scheduler.table
+    assert not consumer.scheduler.holds("a")
     assert not consumer.copiers[0].saved
 
 
@@ -186,13 +185,13 @@ def test_save_that_never_completes_is_quarantined_then_reclaimed():
     eng.step([("a", 4)])
     eng.clock.advance(5.0)
     eng.scheduler.poll()
-    assert eng.scheduler.table.get("a").phase is Phase.QUARANTINED
+    assert eng.scheduler.entry("a").phase is Phase.QUARANTINED
     assert eng.scheduler.stats.save_leases_lapsed == 1
     assert not eng.scheduler.has_pending_work()
     eng.clock.advance(7.0)
     eng.scheduler.poll()
-    assert "a" not in eng.scheduler.table
-    assert eng.scheduler.table.blocks.free_blocks == eng.layout.num_blocks
+    assert not eng.scheduler.holds("a")
+    assert eng.scheduler.occupancy().free_blocks == eng.layout.num_blocks
     # the late completion is ignored, not applied to whatever holds those blocks now
     eng.settle()
     assert eng.scheduler.stats.saves_done == 0
@@ -213,7 +212,7 @@ def test_item_whose_save_is_in_flight_is_neither_reloaded_nor_saved_again():
     assert result.encoded == ["a"]
     assert eng.scheduler.stats.saves_planned == 1
     eng.settle()
-    assert eng.scheduler.table.is_ready("a")
+    assert eng.scheduler.is_ready("a")
 
 
 def test_occupancy_reports_blocks_and_bytes():
@@ -238,10 +237,10 @@ def test_many_steps_with_repeats_leave_no_pins_and_conserve_blocks(ranks):
             rows = 1 + int(key.split("-")[1]) % 5
             assert payload == encoder_output(key, rows)
         eng.settle()
-    table = eng.scheduler.table
-    assert all(e.pin_count == 0 for e in table.entries())
-    used = sum(e.rows for e in table.entries())
-    assert used + table.blocks.free_blocks == eng.layout.num_blocks
+    entries = eng.scheduler.entries()
+    assert all(e.pin_count == 0 for e in entries)
+    used = sum(e.rows for e in entries)
+    assert used + eng.scheduler.occupancy().free_blocks == eng.layout.num_blocks
     assert not eng.scheduler.has_pending_work()
     assert eng.scheduler.stats.hits > 0 and eng.scheduler.stats.evictions > 0
 
@@ -260,9 +259,9 @@ def test_a_save_batch_the_copier_rejects_fails_its_entries_instead_of_the_step()
     eng.step([("a", 2), ("b", 3)])
     eng.scheduler.poll()
     copier.save = real_save  # type: ignore[method-assign]
-    assert len(eng.scheduler.table) == 0
+    assert eng.scheduler.occupancy().entries == 0
     assert eng.scheduler.stats.saves_failed == 2
-    assert eng.scheduler.table.blocks.free_blocks == eng.layout.num_blocks
+    assert eng.scheduler.occupancy().free_blocks == eng.layout.num_blocks
 
 
 def test_copies_that_end_between_steps_are_reported_without_another_hook():
@@ -277,7 +276,7 @@ def test_copies_that_end_between_steps_are_reported_without_another_hook():
     while eng.scheduler.has_pending_work() and time.monotonic() < deadline:
         time.sleep(0.005)
     assert not eng.scheduler.has_pending_work()
-    assert eng.scheduler.table.is_ready("a") and eng.scheduler.table.is_ready("b")
+    assert eng.scheduler.is_ready("a") and eng.scheduler.is_ready("b")
     for worker in eng.workers:
         worker.close()
     assert all(w._watcher is None or not w._watcher.is_alive() for w in eng.workers)
@@ -312,7 +311,7 @@ def test_the_watcher_leaves_the_copier_alone_while_steps_keep_flushing():
     deadline = time.monotonic() + 5.0
     while eng.scheduler.has_pending_work() and time.monotonic() < deadline:
         time.sleep(0.01)
-    assert eng.scheduler.table.is_ready("a")
+    assert eng.scheduler.is_ready("a")
     assert len([t for t in pollers if t != step_thread]) > len(by_watcher)  # the watcher reported it
     worker.close()
 
@@ -326,7 +325,7 @@ def test_a_step_that_reports_the_last_copy_itself_puts_the_watcher_to_sleep():
     eng.copiers[0].release_held()
     worker.flush()  # the next step reports the end before the watcher's interval is up
     eng.scheduler.poll()
-    assert eng.scheduler.table.is_ready("a")
+    assert eng.scheduler.is_ready("a")
     assert not worker._wake.is_set()  # nothing in flight: no wake-ups until copies start again
     worker.close()
 
@@ -336,4 +335,4 @@ def test_worker_close_reports_copies_still_in_flight():
     eng.step([("a", 2)])
     eng.workers[0].close()
     eng.scheduler.poll()
-    assert eng.scheduler.table.is_ready("a")
+    assert eng.scheduler.is_ready("a")

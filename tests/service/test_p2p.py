@@ -94,11 +94,11 @@ def test_announced_item_is_read_into_the_consumer_tier_and_loads_from_there():
     assert params["img"]["size_bytes"] == 6 * pair.producer.layout.block_size_bytes
     assert pair.fetch(params, [("img", 6)]) is False, "deferred while the transfer runs"
     assert pair.run_until_available(params, [("img", 6)])
-    assert pair.consumer.scheduler.table.is_ready("img")
+    assert pair.consumer.scheduler.is_ready("img")
     result = pair.consumer.step([("img", 6)])
     assert result.loaded["img"] == encoder_output("img", 6)
     assert result.encoded == []
-    producer_entry = pair.producer.scheduler.table.get("img")
+    producer_entry = pair.producer.scheduler.entry("img")
     assert producer_entry.grants == {}, "the XferDone released the producer's pin"
     assert (
         pair.consumer_stats.reads_done == 1 and pair.consumer_stats.bytes_read == params["img"]["size_bytes"]
@@ -131,8 +131,8 @@ def test_every_nack_but_not_ready_falls_back_and_frees_the_reservation(status):
     params = pair.produce([("img", 4)])
     _answering(pair, status)
     assert pair.run_until_available(params, [("img", 4)])
-    assert "img" not in pair.consumer.scheduler.table
-    assert pair.consumer.scheduler.table.blocks.free_blocks == pair.consumer.layout.num_blocks
+    assert not pair.consumer.scheduler.holds("img")
+    assert pair.consumer.scheduler.occupancy().free_blocks == pair.consumer.layout.num_blocks
     assert getattr(pair.consumer_stats, status.value.lower()) == 1
     assert pair.consumer_stats.fallbacks == 1
     assert pair.fetch(params, [("img", 4)]) is True
@@ -142,11 +142,9 @@ def test_every_nack_but_not_ready_falls_back_and_frees_the_reservation(status):
 def test_an_evicted_item_is_answered_missing():
     pair = Pair()
     params = pair.produce([("img", 4)])
-    pair.producer.scheduler.table.release_grant("img", 0)
-    with pair.producer.scheduler.lock:
-        entry = pair.producer.scheduler.table.get("img")
-        entry.announced_until = float("-inf")
-        pair.producer.scheduler.table.drop("img")
+    pair.clock.advance(pair.producer.config.announce_lease_s)  # the announcement ends
+    pair.producer.step([("other", pair.producer.layout.num_blocks)])  # and a save evicts the item
+    assert not pair.producer.scheduler.holds("img") and pair.producer.scheduler.holds("other")
     assert pair.run_until_available(params, [("img", 4)])
     assert pair.consumer_stats.nack_missing == 1
 
@@ -162,15 +160,15 @@ def test_not_ready_is_retried_with_backoff_keeping_the_reservation():
     pair = Pair(producer_hold=True, not_ready_backoff_s=0.1, not_ready_backoff_max_s=0.4)
     params = pair.produce([("img", 5)], settle=False)
     assert pair.fetch(params, [("img", 5)]) is False
-    extents = pair.consumer.scheduler.table.get("img").extents
+    extents = pair.consumer.scheduler.entry("img").extents
     for _ in range(4):
         pair.clock.advance(0.45)
         assert pair.fetch(params, [("img", 5)]) is False
-        assert pair.consumer.scheduler.table.get("img").extents == extents
+        assert pair.consumer.scheduler.entry("img").extents == extents
     assert pair.consumer_stats.nack_not_ready >= 2
     pair.producer.settle()
     assert pair.run_until_available(params, [("img", 5)], steps=20)
-    assert pair.consumer.scheduler.table.get("img").extents == extents
+    assert pair.consumer.scheduler.entry("img").extents == extents
     assert pair.consumer.scheduler.stats.evictions == 0
     assert pair.consumer.step([("img", 5)]).loaded["img"] == encoder_output("img", 5)
 
@@ -183,7 +181,7 @@ def test_not_ready_for_too_long_falls_back():
             break
         pair.clock.advance(0.25)
     assert pair.fetch(params, [("img", 5)]) is True
-    assert "img" not in pair.consumer.scheduler.table
+    assert not pair.consumer.scheduler.holds("img")
     assert pair.consumer_stats.fallbacks == 1
 
 
@@ -197,7 +195,7 @@ def test_ack_timeout_falls_back_within_the_bound():
     pair.clock.advance(0.02)
     assert pair.fetch(params, [("img", 4)]) is True
     assert pair.consumer_stats.ack_timeouts == 1
-    assert "img" not in pair.consumer.scheduler.table
+    assert not pair.consumer.scheduler.holds("img")
 
 
 def test_read_timeout_quarantines_the_blocks_until_it_settles():
@@ -210,16 +208,17 @@ def test_read_timeout_quarantines_the_blocks_until_it_settles():
     assert pair.fetch(params, [("img", 4)]) is False
     pair.clock.advance(0.2)
     assert pair.fetch(params, [("img", 4)]) is True
-    entry = pair.consumer.scheduler.table.get("img")
+    entry = pair.consumer.scheduler.entry("img")
     assert entry.phase is Phase.QUARANTINED
     assert pair.consumer_stats.read_timeouts == 1
     # blocks are not reused while the DMA may still write them
     pair.consumer.step([("other", pair.consumer.layout.num_blocks)])
-    assert pair.consumer.scheduler.table.get("img") is entry
+    assert not pair.consumer.scheduler.holds("other")
+    assert pair.consumer.scheduler.entry("img").extents == entry.extents
     pair.clock.advance(60.0)
     pair.consumer.scheduler.poll()
-    assert "img" not in pair.consumer.scheduler.table
-    assert pair.consumer.scheduler.table.blocks.free_blocks == pair.consumer.layout.num_blocks
+    assert not pair.consumer.scheduler.holds("img")
+    assert pair.consumer.scheduler.occupancy().free_blocks == pair.consumer.layout.num_blocks
 
 
 def test_producer_gone_before_the_ack_falls_back_at_once():
@@ -239,7 +238,7 @@ def test_producer_dying_during_the_read_fails_it_and_quarantines():
     pair.world.kill("prod")
     assert pair.fetch(params, [("img", 4)]) is True
     assert pair.consumer_stats.reads_failed == 1
-    assert pair.consumer.scheduler.table.get("img").phase is Phase.QUARANTINED
+    assert pair.consumer.scheduler.entry("img").phase is Phase.QUARANTINED
 
 
 def test_control_connection_lost_during_a_stalled_read_gives_it_up_before_the_read_timeout():
@@ -252,7 +251,7 @@ def test_control_connection_lost_during_a_stalled_read_gives_it_up_before_the_re
     pair.net.disconnect(ADDR)  # heartbeats unanswered: the control connection is reported lost
     assert pair.fetch(params, [("img", 4)]) is True  # fell back, 19 s before the read timeout
     assert pair.consumer_stats.peers_lost == 1 and pair.consumer_stats.read_timeouts == 0
-    assert pair.consumer.scheduler.table.get("img").phase is Phase.QUARANTINED  # a DMA may land
+    assert pair.consumer.scheduler.entry("img").phase is Phase.QUARANTINED  # a DMA may land
 
 
 def _restart_producer(pair: Pair, agent: str, *, kill: bool = True) -> MemoryPeerTransport:
@@ -300,7 +299,7 @@ def test_a_read_still_pending_from_a_replaced_agent_fails_and_its_blocks_are_qua
     assert pair.run_until_available(again, [("b", 2)])
     assert pair.run_until_available(params, [("img", 4)])  # the old READ failed: fell back
     assert pair.consumer_stats.reads_failed == 1 and pair.consumer_stats.read_timeouts == 0
-    assert pair.consumer.scheduler.table.get("img").phase is Phase.QUARANTINED  # a DMA may land
+    assert pair.consumer.scheduler.entry("img").phase is Phase.QUARANTINED  # a DMA may land
 
 
 def test_request_whose_media_is_gone_fails_cleanly_when_the_item_cannot_be_fetched():
@@ -328,10 +327,10 @@ def test_an_unread_grant_is_released_when_its_lease_lapses():
     pair.world.stalled.add("prod")
     pair.fetch(params, [("img", 4)])
     pair.fetch(params, [("img", 4)])
-    entry = pair.producer.scheduler.table.get("img")
-    assert entry.is_pinned
+    assert pair.producer.scheduler.entry("img").is_pinned
     pair.clock.advance(30.0)
     pair.producer.scheduler.poll()
+    entry = pair.producer.scheduler.entry("img")
     assert not entry.is_pinned and entry.is_evictable(pair.clock.now())
     assert pair.producer.scheduler.stats.grants_lapsed == 1
 
@@ -347,7 +346,7 @@ def test_a_late_ack_releases_the_grant_it_carries():
     late = pair.desk.answer(pair.net.sent[0][1])
     pair.fetcher._on_ack(ADDR, late, pair.clock.now())
     assert pair.consumer_stats.late_acks == 1
-    assert pair.producer.scheduler.table.get("img").grants == {}
+    assert pair.producer.scheduler.entry("img").grants == {}
 
 
 def test_a_save_that_landed_while_the_producer_engine_was_idle_is_served_without_another_step():
@@ -369,7 +368,7 @@ def test_a_fetch_never_evicts_an_item_promised_to_vllm_this_step():
     pair.consumer.scheduler.take_plan()  # a new step
     assert pair.consumer.scheduler.has_item("first"), "vLLM is told it can load 'first' this step"
     assert pair.fetch(second, [("second", 6)]) is True, "no room without evicting 'first': encode"
-    assert pair.consumer.scheduler.table.is_ready("first")
+    assert pair.consumer.scheduler.is_ready("first")
     assert pair.consumer_stats.fallbacks == 1
     result = pair.consumer.step([("first", 6)])
     assert result.loaded["first"] == encoder_output("first", 6)

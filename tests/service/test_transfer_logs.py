@@ -181,10 +181,9 @@ def test_an_item_without_media_that_cannot_be_fetched_logs_unavailable(lines):
 def test_a_full_region_logs_a_fallback_without_asking(lines):
     pair = Pair()
     params = pair.produce([("img", 4)])
-    with pair.consumer.scheduler.lock:  # a save in flight holds every block
-        pair.consumer.scheduler.table.reserve(
-            "filler", pair.consumer.layout.num_blocks, now=pair.clock.now(), lease_s=60.0
-        )
+    pair.consumer.scheduler.reserve_fetch(  # a fetch in flight holds every block
+        "filler", pair.consumer.layout.num_blocks, now=pair.clock.now(), lease_s=60.0
+    )
     assert pair.fetch(params, [("img", 4)]) is True
     line = _transfer(lines)
     assert (line["outcome"], line["reason"], line["asked"]) == ("fallback", "region_full", 0)

@@ -167,17 +167,17 @@ class ECTierConnector(ECConnectorBase):
     def get_ec_connector_stats(self) -> ECTierStats | None:
         if self._scheduler is None:
             return None
-        with self._scheduler.lock:
-            counters = self._scheduler.stats.as_dict()
-            samples = self._scheduler.stats.latencies.take()
-            if self._desk is not None or self._fetcher is not None:
-                peer = self._container.peer_stats()
-                counters.update({f"peer_{k}": v for k, v in peer.as_dict().items()})
-                samples.update(peer.latencies.take())
-            events = self._container.events()
-            counters["events_published"] = getattr(events, "published", 0)
-            counters["events_dropped"] = getattr(events, "dropped", 0)
-            occupancy = self._scheduler.occupancy()
+        tier = self._scheduler.snapshot()
+        counters, samples, occupancy = tier.counters, tier.samples, tier.occupancy
+        if self._desk is not None or self._fetcher is not None:
+            # Peer counters have one writer each (this thread, or the desk's I/O thread for its
+            # grant counters) and their latencies are observed on this thread: no lock is needed.
+            peer = self._container.peer_stats()
+            counters.update({f"peer_{k}": v for k, v in peer.as_dict().items()})
+            samples.update(peer.latencies.take())
+        events = self._container.events()
+        counters["events_published"] = getattr(events, "published", 0)
+        counters["events_dropped"] = getattr(events, "dropped", 0)
         delta = {k: v - self._reported.get(k, 0) for k, v in counters.items()}
         self._reported = counters
         stats = ECTierStats(
