@@ -23,9 +23,11 @@ Our table also settles its deadlines once per step (`expire`; the baseline has n
 baseline's cache takes its lock in every method; ours takes the RLock our scheduler holds around
 the table for every change and for the step's `expire`, and answers lookups as
 TierScheduler.has_item does after the step's poll: one read of the entry's phase, without the lock
-(has_item's docstring says why that is safe). Each side answers from its own state, so the two caches
-may evict different entries (the baseline re-queues an entry at the back when it is unpinned; ours
-evicts in reservation order, as the SPEC says); the op counts and hit rates of both are printed.
+(has_item's docstring says why that is safe). Each side answers from its own state, so the caches
+may evict different entries: "ours" runs the tier's default eviction policy (`ec_eviction`,
+`--eviction`), "ours_fifo" our table with `fifo` (vLLM's order: reservation, re-queued when
+unpinned), "vllm" vLLM's own; hits, byte hits and costs of all three are printed. `--trace` picks
+another workload of bench/cache_traces.py (`compare` is the one described above).
 
 Figures: ops/s over whole replays (median of --reps), per-step time (median/p90/p99 over the
 steady-state steps), ns per op by kind (an untimed-by-default pass with a timer around each op,
@@ -42,209 +44,28 @@ import gc
 import json
 import os
 import platform
-import random
 import statistics
 import sys
-import threading
 import time
 import tracemalloc
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench.cache_sides import ABSENT, READY, BaselineSide, OursSide  # noqa: E402
+from bench.cache_traces import IMAGE_MIX, ROW_BYTES, SOURCES, Item, Trace, make_trace  # noqa: E402
 from bench.vllm_baseline import BaselineUnavailable, load, version  # noqa: E402
-from ec_connector.domain.cache import EntryTable  # noqa: E402
-from ec_connector.domain.config import MAX_ENTRY_RUNS, MIN_RUN_BYTES  # noqa: E402
-from ec_connector.domain.entries import Entry, Phase  # noqa: E402
-from ec_connector.domain.layout import Layout  # noqa: E402
+from ec_connector.domain.config import MAX_ENTRY_RUNS  # noqa: E402
+from ec_connector.domain.eviction import DEFAULT_POLICY, FIFO, POLICIES  # noqa: E402
 
 GiB = 1 << 30
-ROW_BYTES = 3584 * 2  # bf16 rows of a hidden-3584 model: 7 KiB
-IMAGE_MIX = ((64, 0.20), (256, 0.30), (880, 0.35), (2040, 0.15))  # rows, share
-ITEMS_PER_REQUEST = ((1, 0.75), (2, 0.20), (4, 0.05))
-REPEAT_SHARE = 0.40
-POPULAR_POOL = 400
-FAIL_SHARE = 0.01
 STEP_S = 0.02  # simulated engine step (our table's clock); leases never lapse in the trace
 _EC = "vllm.distributed.ec_transfer.ec_connector.cpu"
 KINDS = ("lookup", "alloc", "ready", "pin", "unpin", "discard")
 Progress = Callable[[str], None] | None
-
-
-# ---------------------------------------------------------------------------------------------
-# The trace
-
-
-@dataclass(frozen=True, slots=True)
-class Item:
-    key: str
-    rows: int
-    fails: bool  # a save (or READ) into this allocation fails: discarded instead of marked ready
-
-
-@dataclass(frozen=True, slots=True)
-class Step:
-    arrivals: tuple[tuple[int, tuple[Item, ...]], ...]  # (request id, its items)
-    finishes: tuple[int, ...]
-
-
-@dataclass(frozen=True, slots=True)
-class Trace:
-    steps: tuple[Step, ...]
-    live: int
-    num_blocks: int
-
-
-def _pick(rng: random.Random, table: tuple[tuple[int, float], ...]) -> int:
-    x, acc = rng.random(), 0.0
-    for value, share in table:
-        acc += share
-        if x < acc:
-            return value
-    return table[-1][0]
-
-
-def make_trace(*, steps: int, live: int, num_blocks: int, seed: int = 8) -> Trace:
-    """A workload of `live` concurrent requests over `steps` engine steps (deterministic)."""
-    rng = random.Random(seed)
-    popular = [(f"{rng.getrandbits(256):064x}", _pick(rng, IMAGE_MIX)) for _ in range(POPULAR_POOL)]
-    next_id = 0
-    ends: dict[int, list[int]] = {}
-
-    def new_request(now: int) -> tuple[int, tuple[Item, ...]]:
-        nonlocal next_id
-        items = []
-        for _ in range(_pick(rng, ITEMS_PER_REQUEST)):
-            if rng.random() < REPEAT_SHARE:
-                key, rows = popular[int(POPULAR_POOL * rng.random() ** 2)]
-            else:
-                key, rows = f"{rng.getrandbits(256):064x}", _pick(rng, IMAGE_MIX)
-            items.append(Item(key, rows, rng.random() < FAIL_SHARE))
-        rid, next_id = next_id, next_id + 1
-        ends.setdefault(now + rng.randint(5, 75), []).append(rid)
-        return rid, tuple(items)
-
-    out, alive = [], 0
-    for now in range(steps):
-        finishes = tuple(ends.pop(now, ()))
-        alive -= len(finishes)
-        arrivals = tuple(new_request(now) for _ in range(live - alive))
-        alive += len(arrivals)
-        out.append(Step(arrivals, finishes))
-    return Trace(tuple(out), live, num_blocks)
-
-
-# ---------------------------------------------------------------------------------------------
-# The two caches behind one small interface (the driver below is shared)
-
-ABSENT, NOT_READY, READY = 0, 1, 2
-_READY = Phase.READY
-
-
-class OursSide:
-    """EntryTable + ExtentAllocator, with the RLock our TierScheduler holds around the table."""
-
-    name = "ours"
-
-    def __init__(self, num_blocks: int, max_runs: int = MAX_ENTRY_RUNS) -> None:
-        # with the shipped run floor and cap (ec_min_run_bytes', ec_max_entry_runs' defaults), as
-        # the scheduler builds it
-        layout = Layout(hidden_dim=ROW_BYTES // 2, dtype="bfloat16", num_blocks=num_blocks)
-        self.table = EntryTable(num_blocks, min_run=layout.blocks_for(MIN_RUN_BYTES), max_runs=max_runs)
-        self.phase_of = self.table.phase_of
-        self.lock = threading.RLock()
-        self.now = 0.0
-
-    def tick(self, now: float) -> None:
-        self.now = now
-        with self.lock:
-            self.table.expire(now, quarantine_s=60.0)
-
-    def lookup(self, key: str) -> int:
-        phase = self.phase_of(key)  # as TierScheduler.has_item, after the step's poll (tick)
-        if phase is None:
-            return ABSENT
-        return READY if phase is _READY else NOT_READY
-
-    def alloc(self, key: str, rows: int) -> bool:
-        with self.lock:
-            return self.table.reserve(key, rows, now=self.now, lease_s=30.0) is not None
-
-    def ready(self, key: str) -> None:
-        with self.lock:
-            self.table.mark_ready(key)
-
-    def pin(self, key: str) -> None:
-        with self.lock:
-            self.table.pin(key)
-
-    def unpin(self, key: str) -> None:
-        with self.lock:
-            self.table.unpin(key)
-
-    def discard(self, key: str) -> None:
-        with self.lock:
-            self.table.drop(key)
-
-    # untimed inspection
-    def runs(self, key: str) -> int:
-        return len(cast(Entry, self.table.get(key)).extents)  # called right after a successful alloc
-
-    def live_runs(self) -> list[int]:
-        return [len(e.extents) for e in self.table.entries()]
-
-    def entries(self) -> int:
-        return len(self.table)
-
-
-class BaselineSide:
-    """vLLM's EmbeddingCache (it locks inside every method)."""
-
-    name = "vllm"
-
-    def __init__(self, num_blocks: int, cache_cls: type) -> None:
-        self.cache = cache_cls(num_blocks)
-
-    def tick(self, now: float) -> None:
-        pass
-
-    def lookup(self, key: str) -> int:
-        entry = self.cache.get(key)
-        if entry is None:
-            return ABSENT
-        return READY if entry.ready else NOT_READY
-
-    def alloc(self, key: str, rows: int) -> bool:
-        return self.cache.alloc(key, rows, (rows, ROW_BYTES // 2)) is not None
-
-    def ready(self, key: str) -> None:
-        self.cache.mark_ready(key)
-
-    def pin(self, key: str) -> None:
-        self.cache.pin(key)
-
-    def unpin(self, key: str) -> None:
-        self.cache.unpin(key)
-
-    def discard(self, key: str) -> None:
-        self.cache.discard(key)
-
-    # untimed inspection
-    def runs(self, key: str) -> int:
-        return _runs_of(self.cache.get(key).block_ids)
-
-    def live_runs(self) -> list[int]:
-        return [_runs_of(e.block_ids) for e in self.cache._entries.values()]
-
-    def entries(self) -> int:
-        return len(self.cache._entries)
-
-
-def _runs_of(block_ids: tuple[int, ...]) -> int:
-    return 1 + sum(1 for a, b in zip(block_ids, block_ids[1:], strict=False) if b != a + 1)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -260,6 +81,8 @@ class Tally:
     alloc_runs: list[int]
     hits: int = 0
     misses: int = 0
+    hit_rows: int = 0
+    miss_rows: int = 0
     alloc_failed: int = 0
     evictions: int = 0
 
@@ -303,9 +126,11 @@ def replay(side, trace: Trace, tally: Tally | None = None) -> list[float]:
                     to_unpin.append(item.key)
                     if tally is not None:
                         tally.hits += 1
+                        tally.hit_rows += item.rows
                 elif state == ABSENT:
                     if tally is not None:
                         tally.misses += 1
+                        tally.miss_rows += item.rows
                         before = side.entries()
                     if alloc(item.key, item.rows):
                         to_ready.append(item)
@@ -373,6 +198,8 @@ def run(
     seed: int = 8,
     max_runs: int = MAX_ENTRY_RUNS,
     full_vllm_import: bool = False,
+    eviction: str = DEFAULT_POLICY,
+    trace_name: str = "compare",
     progress: Progress = None,
 ) -> dict:
     """Run the comparison; returns the figures (see --json). {'skipped': reason} without vLLM."""
@@ -385,11 +212,12 @@ def run(
     steps = steps if steps is not None else (300 if quick else 2000)
     reps = reps if reps is not None else (2 if quick else 5)
     num_blocks = int(region_gib * GiB) // ROW_BYTES
-    trace = make_trace(steps=steps, live=live, num_blocks=num_blocks, seed=seed)
+    trace = make_trace(steps=steps, live=live, num_blocks=num_blocks, seed=seed, source=trace_name)
     warm = steps // 10  # the region fills in the first steps; per-step figures skip them
 
     makers: dict[str, Callable[[], OursSide | BaselineSide]] = {
-        "ours": lambda: OursSide(num_blocks, max_runs),
+        "ours": lambda: OursSide(num_blocks, max_runs, eviction),
+        "ours_fifo": lambda: OursSide(num_blocks, max_runs, FIFO),
         "vllm": lambda: BaselineSide(num_blocks, cache_cls),
     }
     say(f"trace: {steps} steps, {live} live requests, region {region_gib:g} GiB = {num_blocks} blocks")
@@ -405,8 +233,8 @@ def run(
         say(f"{name}: {sum(tally.counts.values())} ops, {tally.evictions} evictions, hits {tally.hits}")
 
     # timed passes, alternating
-    walls: dict[str, list[float]] = {"ours": [], "vllm": []}
-    steps_s: dict[str, list[float]] = {"ours": [], "vllm": []}
+    walls: dict[str, list[float]] = {name: [] for name in makers}
+    steps_s: dict[str, list[float]] = {name: [] for name in makers}
     for rep in range(reps):
         for name, make in makers.items():
             side = make()
@@ -424,7 +252,7 @@ def run(
     for name in makers:
         empty: Callable[[], OursSide | BaselineSide]
         empty4: Callable[[], OursSide | BaselineSide]
-        if name == "ours":
+        if name.startswith("ours"):
             empty, empty4 = (lambda n=n: OursSide(n) for n in (num_blocks, big_blocks))
         else:
             empty, empty4 = (lambda n=n: BaselineSide(n, cache_cls) for n in (num_blocks, big_blocks))
@@ -451,6 +279,8 @@ def run(
             "op_ns": {k: (tally.ns[k] / tally.counts[k] if tally.counts[k] else None) for k in KINDS},
             "hits": tally.hits,
             "misses": tally.misses,
+            "hit_ratio": tally.hits / max(1, tally.hits + tally.misses),
+            "byte_hit_ratio": tally.hit_rows / max(1, tally.hit_rows + tally.miss_rows),
             "alloc_failed": tally.alloc_failed,
             "evictions": tally.evictions,
             "live_entries_end": entries,
@@ -471,6 +301,8 @@ def run(
         "metadata_after_trace": ours["metadata_bytes"]["after_trace"] / base["metadata_bytes"]["after_trace"],
         "metadata_empty": ours["metadata_bytes"]["empty"] / base["metadata_bytes"]["empty"],
         "runs_per_entry_live_mean": ours["runs_per_entry"]["live_mean"] / base["runs_per_entry"]["live_mean"],
+        "step_us_median_vs_ours_fifo": ours["step_us"]["median"] / sides["ours_fifo"]["step_us"]["median"],
+        "miss_ratio_vs_ours_fifo": (1 - ours["hit_ratio"]) / max(1e-9, 1 - sides["ours_fifo"]["hit_ratio"]),
         "op_ns": {
             k: (ours["op_ns"][k] / base["op_ns"][k] if ours["op_ns"][k] and base["op_ns"][k] else None)
             for k in KINDS
@@ -495,9 +327,12 @@ def run(
             "seed": seed,
             "image_mix_rows": [list(x) for x in IMAGE_MIX],
             "full_vllm_import": full_vllm_import,
+            "eviction": eviction,
+            "trace": trace_name,
         },
         "environment": _environment(),
         "ours": ours,
+        "ours_fifo": sides["ours_fifo"],
         "vllm": base,
         "ratios": ratios,
         "goals": {
@@ -560,6 +395,12 @@ def render(res: dict) -> str:
     row("live entries at end", o["live_entries_end"], b["live_entries_end"])
     for k in ("alloc_mean", "alloc_max", "live_mean", "live_max"):
         row(f"runs per entry ({k})", o["runs_per_entry"][k], b["runs_per_entry"][k], "{:,.2f}")
+    f = res["ours_fifo"]
+    lines.append(f"{'eviction':<30}{'hit ratio':>14}{'byte hits':>14}{'step us p50':>14}")
+    for label, side in ((f"ours ({p['eviction']})", o), ("ours (fifo)", f), ("vllm (fifo)", b)):
+        lines.append(
+            f"{label:<30}{side['hit_ratio']:>14.4f}{side['byte_hit_ratio']:>14.4f}{side['step_us']['median']:>14.1f}"
+        )
     for name, goal in res["goals"].items():
         verdict = "met" if goal["met"] else "NOT met"
         lines.append(f"goal {name}: {goal['target']}: {goal['value']} -> {verdict}")
@@ -653,6 +494,8 @@ def main(argv: list[str] | None = None) -> int:
         default=MAX_ENTRY_RUNS,
         help=f"our table's run cap (ec_max_entry_runs; default {MAX_ENTRY_RUNS}, 0: none)",
     )
+    ap.add_argument("--eviction", choices=POLICIES, default=DEFAULT_POLICY, help="our table's policy")
+    ap.add_argument("--trace", choices=SOURCES, default="compare", help="workload (bench/cache_traces.py)")
     ap.add_argument("--full-vllm-import", action="store_true", help="import vllm's packages normally (slow)")
     ap.add_argument("--json", metavar="PATH", help="write the figures as JSON")
     ap.add_argument("--plot", metavar="PATH", help="write a PNG (needs matplotlib: requirements/bench.txt)")
@@ -666,6 +509,8 @@ def main(argv: list[str] | None = None) -> int:
         seed=args.seed,
         max_runs=args.max_runs,
         full_vllm_import=args.full_vllm_import,
+        eviction=args.eviction,
+        trace_name=args.trace,
         progress=lambda m: print(m, file=sys.stderr, flush=True),
     )
     print(render(res), flush=True)

@@ -161,10 +161,20 @@ class S3FifoPolicy:
 
     name = S3FIFO
 
-    def __init__(self, num_blocks: int, evictable: Mapping[str, Entry], *, min_compact: int) -> None:
+    def __init__(
+        self,
+        num_blocks: int,
+        evictable: Mapping[str, Entry],
+        *,
+        min_compact: int,
+        small_share: float = SMALL_SHARE,
+        ghost_share: float = GHOST_SHARE,
+        max_reads: int = MAX_READS,
+    ) -> None:
         self._evictable = evictable
-        self._small_target = max(1, int(num_blocks * SMALL_SHARE))
-        self._ghost_limit = max(1, int(num_blocks * GHOST_SHARE))
+        self._small_target = max(1, int(num_blocks * small_share))
+        self._ghost_limit = max(1, int(num_blocks * ghost_share))
+        self._max_reads = max_reads
         self._nodes: dict[str, _Node] = {}
         self._queues: tuple[deque[tuple[int, _Node]], deque[tuple[int, _Node]]] = (deque(), deque())
         self._rows = [0, 0]  # blocks of the queued entries of each queue
@@ -189,7 +199,7 @@ class S3FifoPolicy:
 
     def read(self, entry: Entry) -> None:
         node = self._nodes[entry.key]
-        if node.reads < MAX_READS:
+        if node.reads < self._max_reads:
             node.reads += 1
 
     def freed(self, entry: Entry) -> None:
@@ -257,7 +267,7 @@ class S3FifoPolicy:
         """The main queue's first evictable entry with no reads left; each entry passed loses one
         read and goes round. None when no entry can go."""
         queue = self._queues[_MAIN]
-        for _ in range((MAX_READS + 2) * len(queue)):
+        for _ in range((self._max_reads + 2) * len(queue)):
             if not queue:
                 break
             stamp, node = queue.popleft()

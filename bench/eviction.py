@@ -1,0 +1,294 @@
+"""Eviction policies against each other: miss ratio against region size, per trace.
+
+Every trace of bench/cache_traces.py is replayed through our EntryTable (the shipped run floor and
+cap) with each policy, at regions of 5-50% of the trace's footprint (the blocks of its distinct
+items), and through vLLM's EmbeddingCache where vLLM imports (`.venv-vllm`):
+
+    .venv/bin/python bench/eviction.py --json out/eviction.json --plot docs/img/eviction_miss_ratio.png
+    .venv-vllm/bin/python bench/eviction.py --quick     # with vLLM's EmbeddingCache; ~1 min
+
+Policies: `fifo` and `s3fifo` as shipped (domain/eviction.py), and the candidates tried beside
+them: `clock` (one FIFO queue, an entry read since it last passed the end goes round once more:
+CLOCK / SIEVE-like) and `s3fifo-paper` (S3-FIFO with the paper's ghost of a whole region and a
+read count capped at 3). The driver is compare_cache's step loop without the per-step lookups of
+live items (they change no state): per step, saves become ready (1% fail) and loads unpin, then
+each arriving item is looked up: ready -> a hit (pinned for a step), absent -> a miss (reserved,
+may evict), not ready -> waits. Miss ratio = misses / (hits + misses); byte miss ratio the same
+in blocks. The targets (issue 30): miss ratio <= 0.85x fifo's at 10-25% of the working set, never
+above fifo's by more than 1 point.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections.abc import Callable, Container, Mapping
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.cache_sides import ABSENT, READY, BaselineSide, OursSide  # noqa: E402
+from bench.cache_traces import SOURCES, Trace, make_trace  # noqa: E402
+from bench.vllm_baseline import BaselineUnavailable, load  # noqa: E402
+from ec_connector.domain import eviction  # noqa: E402
+from ec_connector.domain.entries import Entry  # noqa: E402
+
+FRACTIONS = (0.05, 0.10, 0.15, 0.25, 0.50)
+TARGET_FRACTIONS = (0.10, 0.15, 0.25)
+_EC = "vllm.distributed.ec_transfer.ec_connector.cpu"
+
+
+class ClockPolicy:
+    """Candidate: one FIFO queue with a read bit (CLOCK; SIEVE keeps the same bit but leaves a
+    read entry in place instead of moving it to the back)."""
+
+    name = "clock"
+
+    def __init__(self, evictable: Mapping[str, Entry]) -> None:
+        self._evictable = evictable
+        self._queue: dict[str, Entry] = {}  # insertion-ordered: the front is the oldest
+        self._read: set[str] = set()
+
+    def reserved(self, entry: Entry) -> None:
+        pass
+
+    def listed(self, entry: Entry) -> None:
+        self._queue.setdefault(entry.key, entry)
+
+    def read(self, entry: Entry) -> None:
+        self._read.add(entry.key)
+
+    def freed(self, entry: Entry) -> None:
+        self._queue.pop(entry.key, None)
+        self._read.discard(entry.key)
+
+    def victims(self, needed: int, protect: Container[str]) -> list[Entry]:
+        out: list[Entry] = []
+        queue = self._queue
+        while needed > 0:
+            key, entry = next(iter(queue.items()))
+            del queue[key]
+            if key in self._read or self._evictable.get(key) is not entry or key in protect:
+                self._read.discard(key)
+                queue[key] = entry  # round again
+                continue
+            out.append(entry)
+            needed -= entry.rows
+        return out
+
+    def queued(self) -> int:
+        return len(self._queue)
+
+    def rank(self, entry: Entry) -> tuple[int, int]:
+        return (1 if entry.key in self._read else 0, entry.order)
+
+
+def _ours(policy: str) -> Callable[[int], OursSide]:
+    """A side with our table and `policy`: a shipped one by name, or a candidate of this bench."""
+
+    def make(num_blocks: int) -> OursSide:
+        side = OursSide(num_blocks)
+        table = side.table
+        evictable = table._evictable  # the bench swaps the policy in before the first entry
+        if policy == "clock":
+            table._policy = ClockPolicy(evictable)
+        elif policy == "s3fifo-paper":
+            table._policy = eviction.S3FifoPolicy(
+                num_blocks, evictable, min_compact=64, ghost_share=0.9, max_reads=3
+            )
+        else:
+            table._policy = eviction.make_policy(
+                policy, num_blocks=num_blocks, evictable=evictable, min_compact=64
+            )
+        return side
+
+    return make
+
+
+def replay_hits(side: Any, trace: Trace) -> dict[str, float]:
+    """Hits and misses (items and blocks) of `trace` against `side`, and the replay's seconds."""
+    hits = misses = hit_rows = miss_rows = 0
+    to_ready: list = []
+    to_unpin: list[str] = []
+    t0 = time.perf_counter()
+    for n, step in enumerate(trace.steps):
+        side.tick(n * 0.02)
+        saves, to_ready = to_ready, []
+        for item in saves:
+            if item.fails:
+                side.discard(item.key)
+            else:
+                side.ready(item.key)
+        loads, to_unpin = to_unpin, []
+        for key in loads:
+            side.unpin(key)
+        for _, items in step.arrivals:
+            for item in items:
+                state = side.lookup(item.key)
+                if state == READY:
+                    side.pin(item.key)
+                    to_unpin.append(item.key)
+                    hits += 1
+                    hit_rows += item.rows
+                elif state == ABSENT:
+                    misses += 1
+                    miss_rows += item.rows
+                    if side.alloc(item.key, item.rows):
+                        to_ready.append(item)
+    wall = time.perf_counter() - t0
+    return {
+        "miss_ratio": misses / max(1, hits + misses),
+        "byte_miss_ratio": miss_rows / max(1, hit_rows + miss_rows),
+        "hits": hits,
+        "misses": misses,
+        "replay_s": wall,
+    }
+
+
+def run(
+    *,
+    quick: bool = False,
+    traces: tuple[str, ...] = SOURCES,
+    policies: tuple[str, ...] = ("fifo", "s3fifo", "clock", "s3fifo-paper"),
+    steps: int | None = None,
+    seed: int = 8,
+    progress: Callable[[str], None] | None = None,
+) -> dict:
+    say = progress or (lambda _m: None)
+    steps = steps or (1000 if quick else 4000)
+    makers: dict[str, Callable[[int], Any]] = {p: _ours(p) for p in policies}
+    try:
+        cache_cls = load(f"{_EC}.scheduler.embedding_cache").EmbeddingCache
+        makers["vllm"] = lambda n: BaselineSide(n, cache_cls)
+    except BaselineUnavailable as err:
+        say(f"vLLM's EmbeddingCache left out: {err}")
+    out: dict[str, Any] = {"bench": "eviction", "params": {"steps": steps, "seed": seed}, "traces": {}}
+    for name in traces:
+        probe = make_trace(steps=steps, live=256, num_blocks=0, seed=seed, source=name)
+        footprint = probe.footprint_rows()
+        distinct = len({item.key for item in probe.items()})
+        total = len(probe.items())
+        rows: dict[str, Any] = {
+            "footprint_blocks": footprint,
+            "items": total,
+            "compulsory_miss_ratio": distinct / total,
+            "by_fraction": {},
+        }
+        for frac in FRACTIONS:
+            num_blocks = max(1, int(footprint * frac))
+            trace = Trace(probe.steps, probe.live, num_blocks, name)
+            cell = {p: replay_hits(make(num_blocks), trace) for p, make in makers.items()}
+            rows["by_fraction"][f"{frac:.2f}"] = cell
+            say(f"{name} {frac:.2f}: " + " ".join(f"{p}={c['miss_ratio']:.3f}" for p, c in cell.items()))
+        out["traces"][name] = rows
+    out["targets"] = _targets(out)
+    return out
+
+
+def _targets(res: dict) -> dict:
+    """s3fifo against fifo: the worst ratio at 10-25% and the largest excess anywhere, per trace."""
+    out = {}
+    for name, rows in res["traces"].items():
+        cells = rows["by_fraction"]
+        ratio = max(
+            cells[f"{f:.2f}"]["s3fifo"]["miss_ratio"] / max(1e-9, cells[f"{f:.2f}"]["fifo"]["miss_ratio"])
+            for f in TARGET_FRACTIONS
+        )
+        excess = max(c["s3fifo"]["miss_ratio"] - c["fifo"]["miss_ratio"] for c in cells.values())
+        out[name] = {
+            "worst_ratio_10_25": ratio,
+            "ratio_met": ratio <= 0.85,
+            "max_excess_points": 100 * excess,
+            "excess_met": excess <= 0.01,
+        }
+    return out
+
+
+def render(res: dict) -> str:
+    lines = []
+    for name, rows in res["traces"].items():
+        cells = rows["by_fraction"]
+        policies = list(next(iter(cells.values())))
+        lines.append(
+            f"{name}: {rows['items']} items, footprint {rows['footprint_blocks']} blocks, "
+            f"compulsory miss ratio {rows['compulsory_miss_ratio']:.3f}"
+        )
+        lines.append(f"  {'region':<8}" + "".join(f"{p:>14}" for p in policies) + f"{'s3fifo/fifo':>13}")
+        for frac, cell in cells.items():
+            ratio = cell["s3fifo"]["miss_ratio"] / max(1e-9, cell["fifo"]["miss_ratio"])
+            lines.append(
+                f"  {frac:<8}"
+                + "".join(f"{cell[p]['miss_ratio']:>8.3f}/{cell[p]['byte_miss_ratio']:.2f}" for p in policies)
+                + f"{ratio:>13.3f}"
+            )
+        t = res["targets"][name]
+        lines.append(
+            f"  target: worst s3fifo/fifo at 10-25% {t['worst_ratio_10_25']:.3f} "
+            f"({'met' if t['ratio_met'] else 'NOT met'}), most above fifo {t['max_excess_points']:+.2f} "
+            f"points ({'met' if t['excess_met'] else 'NOT met'})"
+        )
+    lines.append("cells: miss ratio / byte miss ratio")
+    return "\n".join(lines)
+
+
+def plot(res: dict, path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    traces = list(res["traces"])
+    cols = 3
+    fig, axes = plt.subplots((len(traces) + cols - 1) // cols, cols, figsize=(13, 7.5), squeeze=False)
+    for ax, name in zip(axes.flat, traces, strict=False):
+        rows = res["traces"][name]
+        fracs = [float(f) for f in rows["by_fraction"]]
+        for policy in next(iter(rows["by_fraction"].values())):
+            ys = [cell[policy]["miss_ratio"] for cell in rows["by_fraction"].values()]
+            ax.plot([100 * f for f in fracs], ys, marker="o", label=policy)
+        ax.axhline(rows["compulsory_miss_ratio"], color="grey", ls=":", lw=1, label="compulsory")
+        ax.axvspan(10, 25, color="tab:green", alpha=0.07)
+        ax.set_title(name)
+        ax.set_xlabel("region, % of the trace's footprint")
+        ax.set_ylabel("miss ratio")
+        ax.grid(alpha=0.3)
+    for ax in list(axes.flat)[len(traces) :]:
+        ax.axis("off")
+    axes.flat[0].legend(fontsize=8)
+    fig.suptitle("Miss ratio against region size per eviction policy (our EntryTable; vllm: EmbeddingCache)")
+    fig.tight_layout()
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="1000 steps a trace (default 4000)")
+    ap.add_argument("--steps", type=int, default=None)
+    ap.add_argument("--seed", type=int, default=8)
+    ap.add_argument("--traces", nargs="+", choices=SOURCES, default=list(SOURCES))
+    ap.add_argument("--json", metavar="PATH")
+    ap.add_argument("--plot", metavar="PATH", help="PNG (needs matplotlib)")
+    args = ap.parse_args(argv)
+    res = run(
+        quick=args.quick,
+        traces=tuple(args.traces),
+        steps=args.steps,
+        seed=args.seed,
+        progress=lambda m: print(m, file=sys.stderr, flush=True),
+    )
+    print(render(res), flush=True)
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(res, indent=2) + "\n")
+    if args.plot:
+        plot(res, args.plot)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
