@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from ec_connector.adapters.torch_copy import native
+from ec_connector.adapters.torch_copy.native import build as native
 
 NEEDS_COMPILER = pytest.mark.skipif(native.compiler() is None, reason="needs a C compiler (cc, gcc or clang)")
 NEEDS_PLANNER_BUILD = pytest.mark.skipif(

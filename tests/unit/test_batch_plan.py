@@ -16,7 +16,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ec_connector.adapters.torch_copy.batchplan import BatchPlan, BatchPlanner
+from ec_connector.adapters.torch_copy.native.batchplan import BatchPlan, BatchPlanner
 from ec_connector.domain.blocks import Extent
 from ec_connector.domain.errors import LayoutMismatch
 from ec_connector.domain.transfers import PlannedCopy

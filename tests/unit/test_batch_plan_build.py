@@ -1,4 +1,4 @@
-"""Building and caching the copier's compiled helpers (native.py): where, with what, and errors.
+"""Building and caching the copier's compiled helpers (native/build.py): where, with what, and errors.
 
 These check the paths and the messages around the build (needing no compiler), and that a
 changed header rebuilds what includes it (with one).
@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from ec_connector.adapters.torch_copy import batchplan, launcher, native
+from ec_connector.adapters.torch_copy.native import batchplan, launcher
+from ec_connector.adapters.torch_copy.native import build as native
 from ec_connector.domain.errors import ECConnectorError
 
 from ..native_marks import NEEDS_COMPILER

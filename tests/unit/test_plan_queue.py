@@ -15,7 +15,7 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 
-from ec_connector.adapters.torch_copy.batchplan import BatchPlan, BatchPlanner, Queue, QueueFailed
+from ec_connector.adapters.torch_copy.native.batchplan import BatchPlan, BatchPlanner, Queue, QueueFailed
 from ec_connector.domain.blocks import Extent
 from ec_connector.domain.errors import LayoutMismatch
 from ec_connector.domain.transfers import PlannedCopy

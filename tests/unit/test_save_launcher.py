@@ -17,9 +17,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from ec_connector.adapters.torch_copy import native
 from ec_connector.adapters.torch_copy.cudart import EntryPoints
-from ec_connector.adapters.torch_copy.launcher import SaveLauncher
+from ec_connector.adapters.torch_copy.native import build as native
+from ec_connector.adapters.torch_copy.native.launcher import SaveLauncher
 from ec_connector.domain.errors import ECConnectorError
 
 from ..native_marks import NEEDS_COMPILER

@@ -28,7 +28,7 @@ class TorchCopier:
     copy kernel, whose tiles `tile_bytes` and `num_warps` size, alongside. `save_launcher`: saves
     wholly on the copy engines are queued by a native thread (launcher.c), not the caller's (a gain
     from a stream of the caller's own, or where it makes no CUDA call right after: see
-    `launcher.py`). Close the copier before its region: it holds a view of the region's memory
+    `native/launcher.py`). Close the copier before its region: it holds a view of the region's memory
     (and, on CUDA, a registration) until `close()`. Not thread-safe: its callers serialize their
     calls (`TierWorker` makes every call under one lock).
     """

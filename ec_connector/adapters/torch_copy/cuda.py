@@ -35,10 +35,10 @@ from typing import NoReturn
 import torch
 
 from ec_connector.adapters.torch_copy import hostmem
-from ec_connector.adapters.torch_copy.batchplan import BatchPlan, BatchPlanner, Queue, QueueFailed
 from ec_connector.adapters.torch_copy.cpu import release_view
 from ec_connector.adapters.torch_copy.cudart import runtime
-from ec_connector.adapters.torch_copy.launcher import SaveLauncher
+from ec_connector.adapters.torch_copy.native.batchplan import BatchPlan, BatchPlanner, Queue, QueueFailed
+from ec_connector.adapters.torch_copy.native.launcher import SaveLauncher
 from ec_connector.adapters.torch_copy.plan import CopyTiming
 from ec_connector.domain.errors import ECConnectorError, RegionError
 from ec_connector.domain.transfers import PlannedCopy

@@ -22,12 +22,12 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from typing import Any
 
 import torch
 import triton
 import triton.language as tl
-from triton import knobs
+
+from ec_connector.adapters.torch_copy import triton_api
 
 INLINE_RUNS = 16
 _INLINE_ARGS = (
@@ -184,14 +184,14 @@ class Launcher:
     µs of Python); here each variant is compiled once (`warmup`) under a key holding everything
     Triton specialises on for this kernel (the constexprs, the word type, whether the dense pointer
     is 16-byte aligned; the region pointer, the table and `row_words` are fixed per region), then
-    launched through the compiled kernel's own launcher.
+    launched through the compiled kernel's own launcher (private Triton APIs: triton_api.py).
     """
 
     def __init__(self, row_bytes: int, *, tile_bytes: int, num_warps: int) -> None:
         self.row_bytes = row_bytes
         self.tile_bytes = tile_bytes
         self.num_warps = num_warps
-        self._compiled: dict[tuple[object, ...], tuple[Any, Any, Any, Any]] = {}
+        self._compiled: dict[tuple[object, ...], triton_api.Compiled] = {}
 
     def bind(
         self,
@@ -215,21 +215,12 @@ class Launcher:
             return None
         args = self._args(host, dense, table, word, vec, n_runs, total_rows, inline, save, delta)
         dense_aligned = dense.data_ptr() % 16 == 0
-        run, function, metadata, kernel = self._kernel(
-            (save, delta, inline is not None, word, vec, dense_aligned), args
-        )
+        compiled = self._kernel((save, delta, inline is not None, word, vec, dense_aligned), args)
         # pointers as plain ints: the launcher takes them as they are, without calling data_ptr()
         launch_args = (host.data_ptr(), dense.data_ptr(), table.data_ptr(), *args[3:])
         # plain integer division: triton.cdiv is a JIT function, several µs per call from Python
         g0, g1 = _cdiv(total_rows, args[-2]), _cdiv(args[7], args[-1])  # type: ignore[arg-type]
-        hooks = knobs.runtime
-
-        def fire(stream: int) -> None:
-            enter = hooks.launch_enter_hook
-            meta = kernel.launch_metadata((g0, g1, 1), stream, *launch_args) if enter else None
-            run(g0, g1, 1, stream, function, metadata, meta, enter, hooks.launch_exit_hook, *launch_args)
-
-        return fire
+        return triton_api.launch(compiled, (g0, g1), launch_args)
 
     def prepare(
         self,
@@ -282,18 +273,17 @@ class Launcher:
             block_c,
         )
 
-    def _kernel(self, key: tuple[object, ...], args: tuple[object, ...]) -> tuple[Any, Any, Any, Any]:
+    def _kernel(self, key: tuple[object, ...], args: tuple[object, ...]) -> triton_api.Compiled:
         entry = self._compiled.get(key)
         if entry is None:
-            kernel: Any = self._compile(args)
-            kernel._init_handles()
-            entry = self._compiled[key] = (kernel.run, kernel.function, kernel.packed_metadata, kernel)
+            entry = self._compiled[key] = self._compile(args)
         return entry
 
-    def _compile(self, args: tuple[object, ...]) -> object:
+    def _compile(self, args: tuple[object, ...]) -> triton_api.Compiled:
         *plain, save, delta, inline, vec, block_r, block_c = args
-        return _copy_runs.warmup(
-            *plain,
+        return triton_api.compile_variant(
+            _copy_runs,
+            tuple(plain),
             SAVE=save,
             DELTA=delta,
             INLINE=inline,

@@ -7,7 +7,7 @@ same call (`load_queued`/`save_queued`: the stream operations of queue.h), so th
 one call for planning and queueing it. The C reads the copies themselves (their packed extents and
 rows) and takes its settings from slots of a shared int64 array, so the step thread makes no list,
 buffer or array per batch and passes five arguments. The library is built on first use and cached
-(native.py).
+(build.py).
 """
 
 from __future__ import annotations
@@ -21,14 +21,14 @@ from typing import NamedTuple, cast
 
 import numpy as np
 
-from ec_connector.adapters.torch_copy import native
-from ec_connector.adapters.torch_copy.native import QUEUE_CALLS
+from ec_connector.adapters.torch_copy.native import build
+from ec_connector.adapters.torch_copy.native.build import QUEUE_CALLS
 from ec_connector.adapters.torch_copy.plan import raise_for_extents
 from ec_connector.domain.transfers import PlannedCopy
 
 SOURCE = Path(__file__).with_name("batchplan.c")
 
-# io[] slots, as batchplan.c numbers them
+# io[] slots, as batchplan.c numbers them (tests/unit/test_batch_plan_slots.py compares the lists)
 (
     IN_COPIES,
     IN_RUNS,
@@ -296,7 +296,7 @@ def library() -> ctypes.CDLL:
     with _lock:
         if _library is None:
             # short pure computation that reads Python objects: keeps the GIL (PyDLL raises what it sets)
-            lib = ctypes.PyDLL(str(native.build(SOURCE, "the batch planner", python=True)))
+            lib = ctypes.PyDLL(str(build.build(SOURCE, "the batch planner", python=True)))
             obj = ctypes.py_object
             lib.ec_plan_copies.argtypes = [_vp, obj, obj, obj, ctypes.c_int64]
             lib.ec_plan_copies.restype = ctypes.c_int64

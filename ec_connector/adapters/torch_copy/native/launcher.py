@@ -29,8 +29,8 @@ from pathlib import Path
 
 import numpy as np
 
-from ec_connector.adapters.torch_copy import native
 from ec_connector.adapters.torch_copy.cudart import EntryPoints
+from ec_connector.adapters.torch_copy.native import build
 from ec_connector.domain.errors import ECConnectorError
 
 SOURCE = Path(__file__).with_name("launcher.c")
@@ -97,7 +97,7 @@ class SaveLauncher:
             return None
         return (
             job,
-            f"{native.QUEUE_CALLS.get(call, f'call {call}')} of save job {job} failed with CUDA error {code}",
+            f"{build.QUEUE_CALLS.get(call, f'call {call}')} of save job {job} failed with CUDA error {code}",
         )
 
     def close(self) -> None:
@@ -129,7 +129,7 @@ def library() -> ctypes.CDLL:
     global _library
     with _lock:
         if _library is None:
-            path = str(native.build(SOURCE, "the save launcher"))
+            path = str(build.build(SOURCE, "the save launcher"))
             held, free = ctypes.PyDLL(path), ctypes.CDLL(path)
             held.ec_launcher_new.argtypes = [_i64, _i64, _vp, _vp, _vp, _vp, _vp, _i64, _vp, _vp, _i64]
             held.ec_launcher_new.restype = _vp
