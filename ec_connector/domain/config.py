@@ -14,6 +14,7 @@ from enum import Enum
 from typing import Any
 
 from ec_connector.domain.errors import ConfigError
+from ec_connector.domain.eviction import DEFAULT_POLICY, POLICIES
 
 EXTRA = "ec_connector_extra_config"
 TRUE_STRINGS = frozenset({"true", "1", "yes"})
@@ -80,6 +81,9 @@ class ConnectorConfig:
     """Run cap of the tier's allocation: a split entry's pieces are at least this share of it (and
     at least `min_run_bytes`), so it is placed in at most this many runs, evicting a little more
     (oldest first) where that is what it takes, as the floor does. 0 turns it off."""
+    eviction: str = DEFAULT_POLICY
+    """The tier's eviction policy (`ec_eviction`): "s3fifo" (default) or "fifo" (vLLM's
+    EmbeddingCache order, for drop-in parity); docs/eviction.md compares them."""
 
 
 _SECONDS_KEYS = (
@@ -99,6 +103,7 @@ KNOWN_KEYS = frozenset(
         "ec_enable_nixl",
         "ec_min_run_bytes",
         "ec_max_entry_runs",
+        "ec_eviction",
         "nixl_backend",
         "nixl_consumer_progress_thread",
         "nixl_read_lanes",
@@ -229,6 +234,8 @@ def parse_config(extra: object, *, role: object) -> ConnectorConfig:
         fields["min_run_bytes"] = parse_min_run_bytes(extra["ec_min_run_bytes"])
     if "ec_max_entry_runs" in extra:
         fields["max_entry_runs"] = parse_max_entry_runs(extra["ec_max_entry_runs"])
+    if "ec_eviction" in extra:
+        fields["eviction"] = _parse_choice("ec_eviction", extra["ec_eviction"], POLICIES)
     for key in _SECONDS_KEYS:
         if key in extra:
             fields[key] = parse_seconds(key, extra[key])
