@@ -2,7 +2,7 @@
 
 The test process plays the engine core: a `TierScheduler` over its own `ShmRegion` handle (slot 0).
 Two worker processes (multiprocessing "spawn") open the same region (slots 1 and 2) and each runs
-a `TierWorker` over a `TorchCopier` on the leg's device; rank 0 writes, both load, as SPEC §4 asks.
+a `TierWorker` over a `TorchCopier` on the leg's device; rank 0 writes, both load.
 
     step 1: every item misses; the scheduler plans its save; worker 0 copies the encoder outputs
             into the region, worker 1's save is a no-op; the scheduler sees the entries turn ready

@@ -50,8 +50,8 @@ def test_a_producer_asked_for_port_0_advertises_the_port_its_server_bound():
 @pytest.mark.parametrize("role", ["ec_producer", "ec_consumer", "ec_both"])
 def test_every_role_on_cuda_launches_saves_from_the_launchers_thread(device: str, role: str) -> None:
     """Every role's copier hands copy-engine saves to the save launcher: from the model runner's own
-    stream, the launches after the flush do not wait for its driver calls (docs/benchmarks.md,
-    session 17). CPU copies never launch."""
+    stream, the launches after the flush do not wait for its driver calls (docs/benchmarks.md).
+    CPU copies never launch."""
     container = build_container(
         role=role,
         tier="memory",

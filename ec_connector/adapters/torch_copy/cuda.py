@@ -51,7 +51,7 @@ _WORD_DTYPES = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 FEW_RUNS = 4
 # Saves of at most this many runs go wholly to the copy engines too: a device-to-host copy-engine
 # copy costs ~1 µs on top of its bytes (host-to-device ~3.5), and the copy engines need no kernel
-# launch (~8 µs of host enqueue inside a batch-1 copy's window on an idle stream). H200, session 8:
+# launch (~8 µs of host enqueue inside a batch-1 copy's window on an idle stream). H200:
 # batch-1 64-row entries in 9-10 runs saved at 0.59-0.77x memcpy against 0.43-0.68x through the
 # kernel, at the same device time.
 FEW_RUNS_SAVE = 16
@@ -65,8 +65,8 @@ MIXED_MIN_RUNS = 16
 # floor), goes wholly to the copy engines too: each short run then costs a descriptor instead of the
 # kernel's launch and the join of two streams. Loads take it with their sources read out of stream
 # order (`source_settled`): in stream order, short host-to-device copies behind long ones held the
-# driver call for ~2.3 ms in batches of 512 MiB (session 9), and a raw probe of such batches took
-# 1.3-1.5x the host time of the out-of-order read (session 10). H200, session 10,
+# driver call for ~2.3 ms in batches of 512 MiB, and a raw probe of such batches took
+# 1.3-1.5x the host time of the out-of-order read. H200,
 # `bench/copy_short_runs.py` (batches of 32 on the tier's aged layout, rules in turn call by call):
 # host time (p10) of loads 117-327 -> 77-205 µs and of saves 104-320 -> 81-196 against every short
 # run on the kernel, gated device time equal or lower (0.90-0.99x memcpy -> 0.94-1.06x). Layouts of
@@ -256,7 +256,7 @@ class CudaEngine:
             self._rt.wait(caller, end)
         # No record_stream: `out` belongs to the caller's stream, which waits for the end event, so
         # whatever reuses its memory after it is freed is queued behind the copy.
-        # One op for the per-entry views: on the H200 host (torch 2.11, session 9) 32 views took
+        # One op for the per-entry views: on the H200 host (torch 2.11) 32 views took
         # 20-33 µs this way, 23-35 through `split` (a Python wrapper over it) and 26-42 through
         # view + unbind, equal entries or not.
         return out.split_with_sizes(rows)

@@ -32,13 +32,13 @@ _EVENT_DISABLE_TIMING = 0x2
 _SRC_ACCESS_ORDER_STREAM = 0x1
 # cudaMemcpySrcAccessOrderAny: the driver may read the source out of stream order, during or after
 # the call. Valid only for sources that no earlier work is writing and that stay unchanged until the
-# copy ends: the region's blocks of a planned load (see `memcpy_batch`). On the H200 (session 10) a
+# copy ends: the region's blocks of a planned load (see `memcpy_batch`). On the H200 a
 # host-to-device batch with short copies behind long ones cost less host time with it (32 x 8 MiB
 # with 3 short copies each: 299 against 460 µs in the same run), device time unchanged.
 _SRC_ACCESS_ORDER_ANY = 0x3
 # cudaMemcpyFlagPreferOverlapWithCompute: a hint only (order and bytes unchanged). On the H200 the
 # same batches timed 1-15% less with it in a raw probe, and the copier's ratios to memcpy rose
-# 1-3% (geometric mean over 48 cases, two A/B rounds; docs/benchmarks.md, session 8).
+# 1-3% (geometric mean over 48 cases, two A/B runs; docs/benchmarks.md).
 _PREFER_OVERLAP_WITH_COMPUTE = 0x1
 # Copies per cudaMemcpyBatchAsync call; longer batches are cut into calls of at most this many, in
 # order. Driver 580.159 (CUDA 13, H200) segfaulted inside one call of ~8,700 short host-to-device

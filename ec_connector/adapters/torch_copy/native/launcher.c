@@ -1,8 +1,8 @@
 /* The save launcher: a native thread that hands planned copy-engine batches to the CUDA driver, off
  * the engine's step thread.
  *
- * The driver takes ~0.7-1.5 µs of host time per copy inside cudaMemcpyBatchAsync (H200, session
- * 11), about half of what a save of 32 aged entries costs the step thread. A save needs nothing
+ * The driver takes ~0.7-1.5 µs of host time per copy inside cudaMemcpyBatchAsync (H200), about
+ * half of what a save of 32 aged entries costs the step thread. A save needs nothing
  * back from the driver before the step goes on (nobody waits on the region's bytes in stream
  * order), so the step thread records a fence on its stream, copies the batch's three columns into a
  * job here and returns; this thread queues, on the job's copy stream, the wait for the fence, the

@@ -8,11 +8,11 @@ on a load's end event before `load` returns, so the event must be recorded by th
 
 The driver's work is moved, not removed. From the legacy default stream, which is ordered with every
 other blocking stream, the driver serializes it with the step thread's own calls: on the H200
-(docs/benchmarks.md, sessions 12 and 17), 30 kernel launches made right after a flush took 47-78 µs
+(docs/benchmarks.md), 30 kernel launches made right after a flush took 47-78 µs
 longer, about what the launcher had taken off the flush. From a stream of the caller's own, as
 vLLM's model runner calls on CUDA, they took no longer (-29 to +13 µs), and a step of a 32-entry
 load, its save and flush and those launches took 0.81-1.00x the host time of the step thread's own
-call (once 1.04x in 34 cases; session 17). The container turns it on for every role (the roles
+call (once 1.04x in 34 cases). The container turns it on for every role (the roles
 that save: `ec_producer` and `ec_both`).
 
 One thread submits (the copier's caller, under `TierWorker`'s lock); `done` says how many jobs the
