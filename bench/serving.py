@@ -18,6 +18,9 @@ Arms:
 - ``ours``: ``ECTierConnector`` (``ec_both``) loaded by ``ec_connector_module_path``, so the
   package only has to be importable (on PYTHONPATH), not installed.
 Both connectors get the same region size (``ec_cpu_bytes``, the key both read).
+``--workloads epd`` (a run of its own) makes each arm an E→PD pair instead (bench/serving_epd.py):
+``none`` = the consumer encoding locally, ``upstream`` / ``ours`` = an ``ec_producer`` and an
+``ec_consumer`` engine with that connector and NIXL on, on the one device.
 
 Prefix caching is off (a repeated prompt would otherwise skip the encoder). Each child has a
 timeout: a hung engine is killed (its whole process group) and the arm marked failed; the run's
@@ -46,7 +49,7 @@ sys.path.insert(0, str(ROOT))
 
 from bench import serving_report  # noqa: E402
 from bench.serving_hook import HOOK_DIR_ENV  # noqa: E402
-from bench.serving_workload import WORKLOADS, build, image_tokens, parse_size  # noqa: E402
+from bench.serving_workload import WORKLOADS, build, image_tokens, parse_size, resized  # noqa: E402
 
 ARMS = ("none", "upstream", "ours")
 MiB = 1 << 20
@@ -59,22 +62,26 @@ def rotated(arms: list[str], round_no: int) -> list[str]:
     return arms[k:] + arms[:k]
 
 
-def connector_config(arm: str, region_bytes: int, engine_id: str) -> dict[str, Any] | None:
-    """The `ec_transfer_config` of an arm (ec_both), or None for `none`."""
+def connector_config(
+    arm: str, region_bytes: int, engine_id: str, role: str = "ec_both"
+) -> dict[str, Any] | None:
+    """The `ec_transfer_config` of an arm in `role`, or None for `none` (NIXL on for E→PD roles)."""
     if arm == "none":
         return None
-    extra = {"ec_cpu_bytes": region_bytes}
+    extra: dict[str, Any] = {"ec_cpu_bytes": region_bytes}
+    if role != "ec_both":
+        extra["ec_enable_nixl"] = True
     if arm == "upstream":
         return {
             "ec_connector": "ECCPUConnector",
-            "ec_role": "ec_both",
+            "ec_role": role,
             "engine_id": engine_id,
             "ec_connector_extra_config": extra,
         }
     if arm == "ours":
         return {
             "ec_connector": "ECTierConnector",
-            "ec_role": "ec_both",
+            "ec_role": role,
             "engine_id": engine_id,
             "ec_connector_module_path": "ec_connector.adapters.vllm",
             "ec_connector_extra_config": extra,
@@ -149,6 +156,20 @@ def workloads(args: argparse.Namespace, geometry: dict[str, int]) -> list[dict[s
     return out
 
 
+def epd_spec(args: argparse.Namespace, spec: dict[str, Any], run_id: str, tag: str) -> dict[str, Any]:
+    """E→PD: the consumer takes the arm's connector as ec_consumer; a producer engine is added."""
+    arm, region = spec["arm"], args.region_mib * MiB
+    spec["connector"] = connector_config(arm, region, f"bench-{run_id}-{tag}-pd", "ec_consumer")
+    spec["producer_connector"] = connector_config(arm, region, f"bench-{run_id}-{tag}-e", "ec_producer")
+    spec["producer_engine"] = {
+        **spec["engine"],
+        "gpu_memory_utilization": args.epd_producer_mem,
+        "max_num_batched_tokens": args.max_num_batched_tokens,
+    }
+    spec["engine"]["gpu_memory_utilization"] = args.gpu_memory_utilization or args.epd_consumer_mem
+    return spec
+
+
 def arm_workloads(arm: str, wls: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The limit (encoder stubbed) is the no-connector engine's floor: only `none` serves it."""
     return [w for w in wls if arm == "none" or not w["stub_encoder"]]
@@ -190,7 +211,8 @@ def run_child(spec: dict[str, Any], work: Path, log: Path, timeout_s: float) -> 
     shutil.copyfile(ROOT / "bench" / "serving_hook.py", hook_dir / "sitecustomize.py")
     spec_path = work / f"{spec['tag']}.spec.json"
     spec_path.write_text(json.dumps(spec))
-    cmd = [sys.executable, str(ROOT / "bench" / "serving_engine.py"), str(spec_path)]
+    script = "serving_epd.py" if "producer_engine" in spec else "serving_engine.py"
+    cmd = [sys.executable, str(ROOT / "bench" / script), str(spec_path)]
     started = time.monotonic()
     with log.open("w") as logf:
         proc = subprocess.Popen(
@@ -255,9 +277,19 @@ def run(args: argparse.Namespace) -> int:
     work.mkdir()
     model = prepare_model(args, out)
     geometry = model_geometry(model)
-    max_pixels = max(w * h for w, h in (parse_size(s) for s in args.images.split(",")))
+    # the pixels of the largest image after the model's own resize (capping below it would shrink it)
+    max_pixels = max(
+        rw * rh
+        for rw, rh in (
+            resized(*parse_size(s), min_pixels=geometry["min_pixels"], max_pixels=geometry["max_pixels"])
+            for s in args.images.split(",")
+        )
+    )
     wls = workloads(args, geometry)
     arms = args.arms.split(",")
+    epd = [w["name"] for w in wls].count("epd")
+    if epd and epd != len(wls):
+        raise SystemExit("--workloads epd runs alone (its engines differ): give it in a run of its own")
     for arm in arms:
         if arm not in ARMS:
             raise SystemExit(f"unknown arm {arm!r}: expected some of {','.join(ARMS)}")
@@ -315,6 +347,8 @@ def run(args: argparse.Namespace) -> int:
                 "arrival": {"rate": args.rate} if args.rate else {"concurrency": args.concurrency},
                 "max_tokens": args.max_tokens,
             }
+            if epd:
+                spec = epd_spec(args, spec, run_id, tag)
             timeout = (
                 args.child_timeout_s
                 or estimate_s(argparse.Namespace(**{**vars(args), "rounds": 1}), [arm], wls) * 2
@@ -377,6 +411,8 @@ def parser() -> argparse.ArgumentParser:
     r.add_argument("--max-num-seqs", type=int, default=64)
     r.add_argument("--max-num-batched-tokens", type=int, default=8192)
     r.add_argument("--gpu-memory-utilization", type=float, default=0.0, help="(0: vLLM's default)")
+    r.add_argument("--epd-producer-mem", type=float, default=0.3, help="E->PD producer's GPU memory share")
+    r.add_argument("--epd-consumer-mem", type=float, default=0.55, help="E->PD consumer's share (0.55)")
     r.add_argument("--seed", type=int, default=0, help="workload seed")
     r.add_argument("--child-timeout-s", type=float, default=0.0, help="per engine (0: 2x its estimate + 120)")
     r.add_argument("--est-start-s", type=float, default=0.0, help="engine start for the estimate")

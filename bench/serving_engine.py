@@ -21,6 +21,7 @@ import json
 import os
 import sys
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -52,14 +53,24 @@ class Results:
             f.write(json.dumps({"kind": kind, **fields}) + "\n")
 
 
-def encoder_items(hook_dir: str) -> int:
-    """Items the engine's encoder entry point has run on so far (all processes of this engine)."""
-    total = 0
+def encoder_counts(hook_dir: str, engine: str = "") -> tuple[int, int]:
+    """(items, of which stubbed) the encoder entry point has run on so far, in every process (of
+    `engine` if named); see bench/serving_hook.py for the file format."""
+    items = stubbed = 0
+    prefix = f"{COUNT_PREFIX}{engine}." if engine else COUNT_PREFIX
     for name in os.listdir(hook_dir):
-        if name.startswith(COUNT_PREFIX):
+        if name.startswith(prefix):
             with open(os.path.join(hook_dir, name)) as f:
-                total += sum(int(line) for line in f if line.strip())
-    return total
+                for line in f:
+                    if line.strip():
+                        n, stub = line.split()
+                        items += int(n)
+                        stubbed += int(n) * int(stub)
+    return items, stubbed
+
+
+def encoder_items(hook_dir: str, engine: str = "") -> int:
+    return encoder_counts(hook_dir, engine)[0]
 
 
 def make_image(seed: int, size: tuple[int, int]) -> tuple[Any, str]:
@@ -83,39 +94,43 @@ def upstream_refusal(engine_args: Any) -> str | None:
     )
 
 
-async def run_pass(engine: Any, spec: dict, wl: Workload, label: str, seeds: tuple[int, ...], tag: str):
-    """Serve one pass; returns per-request (ttft_s, latency_s, tokens) and the pass's wall time."""
+def prompt_for(image: Any, uuid: str) -> dict[str, Any]:
+    return {"prompt": PROMPT, "multi_modal_data": {"image": image}, "multi_modal_uuids": {"image": [uuid]}}
+
+
+def sampling(max_tokens: int, extra_args: dict[str, Any] | None = None) -> Any:
     from vllm import SamplingParams
     from vllm.sampling_params import RequestOutputKind
 
-    images = [make_image(s, wl.size) for s in seeds]  # made before the clock starts
-    params = SamplingParams(
-        max_tokens=spec["max_tokens"],
+    return SamplingParams(
+        max_tokens=max_tokens,
         ignore_eos=True,
         temperature=0.0,
         output_kind=RequestOutputKind.DELTA,
+        extra_args=extra_args,
     )
-    results: list[tuple[float, float, int] | None] = [None] * len(seeds)
 
-    async def one(i: int) -> None:
-        image, uuid = images[i]
-        prompt = {
-            "prompt": PROMPT,
-            "multi_modal_data": {"image": image},
-            "multi_modal_uuids": {"image": [uuid]},
-        }
-        started = time.perf_counter()
-        first = None
-        tokens = 0
-        async for out in engine.generate(prompt, params, f"{tag}-{label}-{i}"):
-            n = len(out.outputs[0].token_ids)
-            if n and first is None:
-                first = time.perf_counter()
-            tokens += n
-        ended = time.perf_counter()
-        results[i] = ((first or ended) - started, ended - started, tokens)
 
-    arrival = spec["arrival"]
+async def stream(
+    engine: Any, prompt: dict[str, Any], params: Any, request_id: str
+) -> tuple[float, float, int, Any]:
+    """One request through the engine's streaming path: (ttft_s, latency_s, tokens, last output)."""
+    started = time.perf_counter()
+    first = None
+    tokens = 0
+    last = None
+    async for out in engine.generate(prompt, params, request_id):
+        n = len(out.outputs[0].token_ids)
+        if n and first is None:
+            first = time.perf_counter()
+        tokens += n
+        last = out
+    ended = time.perf_counter()
+    return (first or ended) - started, ended - started, tokens, last
+
+
+async def drive(n: int, arrival: dict[str, Any], one: Callable[[int], Awaitable[None]]) -> float:
+    """Run one(i) for i < n: at a fixed rate (open loop) or `concurrency` at a time; the wall time."""
     t0 = time.perf_counter()
     if arrival.get("rate"):
         interval = 1.0 / float(arrival["rate"])
@@ -124,18 +139,31 @@ async def run_pass(engine: Any, spec: dict, wl: Workload, label: str, seeds: tup
             await asyncio.sleep(max(0.0, t0 + i * interval - time.perf_counter()))
             await one(i)
 
-        await asyncio.gather(*(timed(i) for i in range(len(seeds))))
+        await asyncio.gather(*(timed(i) for i in range(n)))
     else:
         queue: asyncio.Queue[int] = asyncio.Queue()
-        for i in range(len(seeds)):
+        for i in range(n):
             queue.put_nowait(i)
 
         async def worker() -> None:
             while not queue.empty():
                 await one(queue.get_nowait())
 
-        await asyncio.gather(*(worker() for _ in range(min(int(arrival["concurrency"]), len(seeds)))))
-    wall = time.perf_counter() - t0
+        await asyncio.gather(*(worker() for _ in range(min(int(arrival["concurrency"]), n))))
+    return time.perf_counter() - t0
+
+
+async def run_pass(engine: Any, spec: dict, wl: Workload, label: str, seeds: tuple[int, ...], tag: str):
+    """Serve one pass; returns per-request (ttft_s, latency_s, tokens) and the pass's wall time."""
+    images = [make_image(s, wl.size) for s in seeds]  # made before the clock starts
+    params = sampling(spec["max_tokens"])
+    results: list[tuple[float, float, int] | None] = [None] * len(seeds)
+
+    async def one(i: int) -> None:
+        ttft, latency, tokens, _ = await stream(engine, prompt_for(*images[i]), params, f"{tag}-{label}-{i}")
+        results[i] = (ttft, latency, tokens)
+
+    wall = await drive(len(seeds), spec["arrival"], one)
     return [r for r in results if r is not None], wall
 
 
@@ -164,11 +192,14 @@ async def serve(engine: Any, spec: dict, out: Results, hook_dir: str) -> None:
             flag.touch()
         try:
             passes, measured_rows, measured_wall, m_items, m_encoded = [], [], 0.0, 0, 0
+            m_stubbed = 0
             for p in wl.passes:
-                before = encoder_items(hook_dir)
+                before, stub_before = encoder_counts(hook_dir)
                 rows, wall = await run_pass(engine, spec, wl, p.label, p.seeds, f"{spec['tag']}-{wl.key}")
-                encoded = encoder_items(hook_dir) - before
+                after, stub_after = encoder_counts(hook_dir)
+                encoded = after - before
                 figures = summarize(rows, wall, len(p.seeds), encoded)
+                figures["stubbed_items"] = stub_after - stub_before
                 passes.append({"label": p.label, "measured": p.measured, **figures})
                 say(
                     f"{spec['arm']} {wl.key} {p.label}: {len(rows)} req in {wall:.2f} s, "
@@ -179,6 +210,7 @@ async def serve(engine: Any, spec: dict, out: Results, hook_dir: str) -> None:
                     measured_wall += wall
                     m_items += len(p.seeds)
                     m_encoded += encoded
+                    m_stubbed += figures["stubbed_items"]
         finally:
             flag.unlink(missing_ok=True)
         out.write(
@@ -188,7 +220,10 @@ async def serve(engine: Any, spec: dict, out: Results, hook_dir: str) -> None:
             key=wl.key,
             pool=wl.pool,
             notes=wl.notes,
-            measured=summarize(measured_rows, measured_wall, m_items, m_encoded),
+            measured={
+                **summarize(measured_rows, measured_wall, m_items, m_encoded),
+                "stubbed_items": m_stubbed,
+            },
             passes=passes,
         )
 

@@ -7,8 +7,10 @@ folder. Then, once vLLM's Qwen2-VL module is imported, its ``embed_multimodal`` 
 vLLM's model runners make for a batch of images: the V1 runner and 0.33's V2 ``EncoderRunner``)
 is wrapped so that:
 
-- every call appends one line, its number of items, to ``encoder.<pid>`` in that folder (the
-  bench sums the lines before and after each pass: encoder items run);
+- every call appends one line, its number of items and whether it was stubbed (``"12 0"``), to
+  ``encoder.<engine>.<pid>`` in that folder
+  (<engine> is ``EC_BENCH_ENGINE`` as the process inherited it, ``engine`` by default: E→PD runs
+  two engines; the bench sums the lines before and after each pass: encoder items run);
 - while a file ``stub_on`` exists in that folder, the call returns slices of one pre-made tensor
   of the right shape (rows = t·h·w / merge², width = the text hidden size) instead of running the
   vision tower: the encoder's work removed, the floor no tier can beat (the "limit" workload).
@@ -27,6 +29,7 @@ import threading
 from typing import Any
 
 HOOK_DIR_ENV = "EC_BENCH_HOOK_DIR"
+ENGINE_ENV = "EC_BENCH_ENGINE"
 STUB_FLAG = "stub_on"
 COUNT_PREFIX = "encoder."
 TARGETS = {"vllm.model_executor.models.qwen2_vl": ("Qwen2VLForConditionalGeneration",)}
@@ -37,10 +40,11 @@ _lock = threading.Lock()
 _premade: dict[tuple[Any, Any, int], Any] = {}
 
 
-def _record(hook_dir: str, items: int) -> None:
-    """Append one call's item count; a line per call keeps the file append-only and race-free."""
-    with _lock, open(os.path.join(hook_dir, f"{COUNT_PREFIX}{os.getpid()}"), "a") as f:
-        f.write(f"{items}\n")
+def _record(hook_dir: str, items: int, stubbed: bool) -> None:
+    """Append one call's line, "<items> <1 if stubbed else 0>": append-only, one writer per file."""
+    name = f"{COUNT_PREFIX}{os.environ.get(ENGINE_ENV, 'engine')}.{os.getpid()}"
+    with _lock, open(os.path.join(hook_dir, name), "a") as f:
+        f.write(f"{items} {int(stubbed)}\n")
 
 
 def _grid_rows(kwargs: dict[str, Any], merge: int) -> list[int] | None:
@@ -86,9 +90,10 @@ def _wrap(cls: type, name: str, hook_dir: str) -> None:
         out = None
         if not args and os.path.exists(flag):
             out = _stub(self, kwargs)
+        stubbed = out is not None
         if out is None:
             out = original(self, *args, **kwargs)
-        _record(hook_dir, len(out) if out is not None else 0)
+        _record(hook_dir, len(out) if out is not None else 0, stubbed)
         return out
 
     hooked.__name__ = name

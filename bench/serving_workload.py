@@ -11,6 +11,8 @@ and every round sees the same images in the same order, and a run on another mac
 - ``pressure``: Zipf(`zipf`) draws over a pool holding 4× the region's bytes, `requests` a pass;
   one fill pass, then `passes` measured ones: eviction decides what hits.
 - ``limit``: the ``repeat`` workload's requests with the encoder stubbed (see serving_hook.py).
+- ``epd``: ``unique``'s shape (every image new, a warm-up pass) served encoder -> prefill/decode: an
+  encoder-only producer engine first, then a consumer engine (bench/serving_epd.py).
 """
 
 from __future__ import annotations
@@ -21,13 +23,13 @@ import random
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-WORKLOADS = ("unique", "repeat", "pressure", "limit")
+WORKLOADS = ("unique", "repeat", "pressure", "limit", "epd")
 PATCH = 14
 MERGE = 2
 # Qwen2-VL-7B's pixel bounds (tools/tiny_vlm.py --shape 7b)
 MIN_PIXELS_7B = 3136
 MAX_PIXELS_7B = 12845056
-_SEED_BASE = {"unique": 1 << 24, "repeat": 2 << 24, "pressure": 3 << 24, "limit": 2 << 24}
+_SEED_BASE = {"unique": 1 << 24, "repeat": 2 << 24, "pressure": 3 << 24, "limit": 2 << 24, "epd": 4 << 24}
 
 
 def parse_size(text: str) -> tuple[int, int]:
@@ -38,7 +40,9 @@ def parse_size(text: str) -> tuple[int, int]:
     return int(w), int(h)
 
 
-def resized(width: int, height: int, *, min_pixels: int, max_pixels: int, factor: int = PATCH * MERGE):
+def resized(
+    width: int, height: int, *, min_pixels: int, max_pixels: int, factor: int = PATCH * MERGE
+) -> tuple[int, int]:
     """Qwen2-VL's smart_resize: both sides multiples of `factor`, pixels within [min, max]."""
     h = max(factor, round(height / factor) * factor)
     w = max(factor, round(width / factor) * factor)
@@ -132,7 +136,7 @@ def build(
     base = _SEED_BASE[name] + _size_salt(size) * 4096 + seed * 7_777_777
     rng = random.Random(f"{name}/{size}/{seed}")
     fits = max(1, region_bytes // max(1, item_bytes))
-    if name == "unique":
+    if name in ("unique", "epd"):
         out, n = [], 0
         for p in range(passes + 1):
             out.append(

@@ -116,7 +116,7 @@ def test_report_pairs_rounds_and_gives_the_spread(capsys: pytest.CaptureFixture[
 
 @pytest.mark.vllm
 @pytest.mark.slow
-@pytest.mark.timeout(900)
+@pytest.mark.timeout(1500)
 def test_serving_bench_runs_end_to_end_on_vllm_cpu(vllm_python: Path, tmp_path: Path) -> None:  # noqa: F811
     out = tmp_path / "out"
     cmd = [
@@ -128,7 +128,7 @@ def test_serving_bench_runs_end_to_end_on_vllm_cpu(vllm_python: Path, tmp_path: 
     ]  # fmt: skip
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     env.update(VLLM_CPU_KVCACHE_SPACE="1", HF_HUB_OFFLINE="1")
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=880)
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=1450)
     sys.stdout.write(proc.stdout[-4000:])
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     (path,) = out.glob("serving-eager-*.json")
@@ -153,10 +153,10 @@ def test_serving_bench_runs_end_to_end_on_vllm_cpu(vllm_python: Path, tmp_path: 
     assert wl["none"]["repeat"]["measured"]["encoder_items"] > 0
     assert wl["ours"]["repeat"]["measured"]["encoder_items"] == 0
     assert wl["ours"]["repeat"]["measured"]["hit_ratio"] == 1.0
-    # the limit's encoder is stubbed, but its calls are still counted (the hook runs in the engine)
-    assert (
-        wl["none"]["limit"]["measured"]["encoder_items"] == wl["none"]["repeat"]["measured"]["encoder_items"]
-    )
+    # the limit's encoder calls are all stubbed (and still counted: the hook runs in the engine)
+    limit = wl["none"]["limit"]["measured"]
+    assert limit["stubbed_items"] == limit["encoder_items"] > 0
+    assert all(w["measured"]["stubbed_items"] == 0 for w in wl["none"].values() if w["workload"] != "limit")
     report = subprocess.run(
         [str(vllm_python), str(REPO / "bench" / "serving.py"), "report", str(path)],
         env=env, capture_output=True, text=True, timeout=120,
