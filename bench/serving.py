@@ -205,6 +205,52 @@ def _group_alive(pgid: int) -> bool:
     return True
 
 
+class Stopped(Exception):
+    """The parent got SIGTERM (e.g. from `timeout`): stop, keep what is done."""
+
+
+def _on_sigterm(signum: int, frame: Any) -> None:
+    raise Stopped(f"signal {signum}")
+
+
+def _echo(tail: Any) -> None:
+    for line in tail.readlines():
+        if line.startswith("[bench]"):
+            print(f"  {line.rstrip()}", flush=True)
+
+
+def _wait(proc: subprocess.Popen, log: Path, started: float, timeout_s: float) -> str:
+    """Echo the child's progress lines until it exits or its timeout; returns its status."""
+    with log.open() as tail:
+        while True:
+            _echo(tail)
+            code = proc.poll()
+            if code is not None:
+                _echo(tail)
+                return {0: "ok", 3: "skipped"}.get(code, f"failed (exit {code})")
+            if time.monotonic() - started > timeout_s:
+                return f"failed (killed after {timeout_s:.0f} s)"
+            time.sleep(0.5)
+
+
+def _reap_group(proc: subprocess.Popen, grace_s: float) -> None:
+    """Wait for every process of the child's group (EngineCore, workers) to go, so the next arm
+    starts on a free GPU: `grace_s`, then SIGTERM, then SIGKILL what stays."""
+    pgid = proc.pid
+    for sig, wait_s in ((None, grace_s), (signal.SIGTERM, 10.0), (signal.SIGKILL, 10.0)):
+        if sig is not None and _group_alive(pgid):
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pgid, sig)
+        deadline = time.monotonic() + wait_s
+        while True:
+            proc.poll()  # reap the leader: a zombie still counts as a member of its group
+            if not _group_alive(pgid) or time.monotonic() >= deadline:
+                break
+            time.sleep(0.2)
+        if not _group_alive(pgid):
+            return
+
+
 def run_child(spec: dict[str, Any], work: Path, log: Path, timeout_s: float) -> dict[str, Any]:
     """Run one engine child to its end or its timeout; returns its status and JSON lines."""
     hook_dir = Path(tempfile.mkdtemp(prefix="hook_", dir=work))
@@ -218,37 +264,12 @@ def run_child(spec: dict[str, Any], work: Path, log: Path, timeout_s: float) -> 
         proc = subprocess.Popen(
             cmd, env=child_env(hook_dir), stdout=logf, stderr=subprocess.STDOUT, start_new_session=True
         )
-    status = "failed"
-    with log.open() as tail:
-        while True:
-            for line in tail.readlines():
-                if line.startswith("[bench]"):
-                    print(f"  {line.rstrip()}", flush=True)
-            code = proc.poll()
-            if code is not None:
-                status = {0: "ok", 3: "skipped"}.get(code, f"failed (exit {code})")
-                for line in tail.readlines():
-                    if line.startswith("[bench]"):
-                        print(f"  {line.rstrip()}", flush=True)
-                break
-            if time.monotonic() - started > timeout_s:
-                status = f"failed (killed after {timeout_s:.0f} s)"
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
-                break
-            time.sleep(0.5)
-    # The engine's own processes (EngineCore, workers) share the child's group: wait for all of
-    # them to go, so the next arm starts on a free GPU; SIGTERM, then SIGKILL what stays.
-    for sig, wait_s in ((None, 20.0), (signal.SIGTERM, 10.0), (signal.SIGKILL, 10.0)):
-        if sig is not None and _group_alive(proc.pid):
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, sig)
-        deadline = time.monotonic() + wait_s
-        while _group_alive(proc.pid) and time.monotonic() < deadline:
-            time.sleep(0.2)
-        if not _group_alive(proc.pid):
-            break
+    status = ""
+    try:
+        status = _wait(proc, log, started, timeout_s)
+    finally:
+        # also when the parent is stopped (SIGTERM, Ctrl-C) mid-child: then no grace
+        _reap_group(proc, 20.0 if status and "killed" not in status else 0.0)
     lines = []
     results = Path(spec["results"])
     if results.exists():
@@ -311,6 +332,9 @@ def run(args: argparse.Namespace) -> int:
             f"(first not measured)",
             flush=True,
         )
+    if args.dry_run:
+        shutil.rmtree(work, ignore_errors=True)
+        return 0
     result: dict[str, Any] = {
         "bench": "serving",
         "run_id": run_id,
@@ -326,6 +350,35 @@ def run(args: argparse.Namespace) -> int:
         "engines": [],
     }
     json_path = out / f"serving-{args.mode}-{run_id}.json"
+    signal.signal(signal.SIGTERM, _on_sigterm)
+    try:
+        run_rounds(args, result, json_path, work, wls, arms, model, max_pixels, epd)
+    except (Stopped, KeyboardInterrupt) as why:
+        result["stopped"] = str(why) or "interrupted"
+        print(f"stopped ({result['stopped']}): keeping what finished", flush=True)
+    json_path.write_text(json.dumps(result, indent=1))
+    if not args.keep_work:
+        shutil.rmtree(work, ignore_errors=True)
+    print(f"wrote {json_path}", flush=True)
+    serving_report.print_report([result])
+    failed = [e for e in result["engines"] if not e["status"].startswith(("ok", "skipped"))]
+    return 1 if failed or "stopped" in result else 0
+
+
+def run_rounds(
+    args: argparse.Namespace,
+    result: dict[str, Any],
+    json_path: Path,
+    work: Path,
+    wls: list[dict[str, Any]],
+    arms: list[str],
+    model: Path,
+    max_pixels: int,
+    epd: int,
+) -> None:
+    """The alternating rounds; the JSON is rewritten after each engine, so a stop loses nothing done."""
+    run_id = result["run_id"]
+    t_start = time.monotonic()
     skipped: dict[str, str] = {}
     for r in range(args.first_round, args.first_round + args.rounds):
         for arm in rotated(arms, r):
@@ -334,6 +387,13 @@ def run(args: argparse.Namespace) -> int:
                 result["engines"].append(
                     {"round": r, "arm": arm, "status": "skipped", "reason": skipped[arm]}
                 )
+                continue
+            one = estimate_s(argparse.Namespace(**{**vars(args), "rounds": 1}), [arm], wls)
+            left = args.budget_s - (time.monotonic() - t_start) if args.budget_s else float("inf")
+            if one > left:
+                print(f"round {r} arm {arm}: not run ({left:.0f} s of --budget-s left, ~{one:.0f} s needed)")
+                result["engines"].append({"round": r, "arm": arm, "status": "not run (budget)"})
+                json_path.write_text(json.dumps(result, indent=1))
                 continue
             mine = arm_workloads(arm, wls)
             spec = {
@@ -349,26 +409,15 @@ def run(args: argparse.Namespace) -> int:
             }
             if epd:
                 spec = epd_spec(args, spec, run_id, tag)
-            timeout = (
-                args.child_timeout_s
-                or estimate_s(argparse.Namespace(**{**vars(args), "rounds": 1}), [arm], wls) * 2
-                + TIMEOUT_SLACK_S
-            )
+            timeout = min(args.child_timeout_s or one * 2 + TIMEOUT_SLACK_S, left)
             print(f"round {r} arm {arm}: starting engine (timeout {timeout:.0f} s)", flush=True)
-            record = run_child(spec, work, out / f"{run_id}-{tag}.log", timeout)
+            record = run_child(spec, work, json_path.parent / f"{run_id}-{tag}.log", timeout)
             record.update(round=r, arm=arm)
             result["engines"].append(record)
             if record["status"] == "skipped":
                 skipped[arm] = record.get("reason", "skipped")
             print(f"round {r} arm {arm}: {record['status']} in {record['seconds']:.0f} s", flush=True)
             json_path.write_text(json.dumps(result, indent=1))
-    json_path.write_text(json.dumps(result, indent=1))
-    if not args.keep_work:
-        shutil.rmtree(work, ignore_errors=True)
-    print(f"wrote {json_path}", flush=True)
-    serving_report.print_report([result])
-    failed = [e for e in result["engines"] if e["status"].startswith("failed")]
-    return 1 if failed else 0
 
 
 def report(args: argparse.Namespace) -> int:
@@ -419,6 +468,10 @@ def parser() -> argparse.ArgumentParser:
     r.add_argument("--est-req-s", type=float, default=25.0, help="req/s for the estimate (25)")
     r.add_argument("--device-note", default="", help="what ran it (recorded in the JSON)")
     r.add_argument("--keep-work", action="store_true", help="keep the per-child specs and JSON lines")
+    r.add_argument(
+        "--budget-s", type=float, default=0.0, help="stop starting engines that would end past this (0: none)"
+    )
+    r.add_argument("--dry-run", action="store_true", help="print the plan and the estimate, start nothing")
     r.set_defaults(func=run)
     rep = sub.add_parser("report", help="merge run JSONs: ratios against upstream and none, spread")
     rep.add_argument("files", nargs="+")

@@ -24,6 +24,8 @@ FIGURES = (
     ("encoder_items", "enc items", "{:.0f}"),
     ("hit_ratio", "hit ratio", "{:.2f}"),
 )
+# Recorded where they apply (E->PD, the stub), printed under the table when present.
+EXTRAS = ("e2e_ttft_p50_ms", "producer_p50_ms", "published", "stubbed_items")
 ARM_ORDER = ("none", "upstream", "ours", "limit")
 
 Cell = dict[tuple[str, int], float]  # (run_id, round) -> value
@@ -41,7 +43,7 @@ def collect(runs: list[dict[str, Any]]) -> dict[tuple[str, str], dict[str, dict[
                 arm = eng["arm"]
                 if wl["workload"] == "limit":
                     key, arm = key.replace("limit@", "repeat@"), "limit"
-                for fig, _, _ in FIGURES:
+                for fig in [f for f, _, _ in FIGURES] + list(EXTRAS):
                     value = wl["measured"].get(fig)
                     if value is not None:
                         table[(run["mode"], key)][arm][fig][(run["run_id"], eng["round"])] = value
@@ -87,6 +89,14 @@ def print_report(runs: list[dict[str, Any]]) -> None:
                 vals = list(arms[arm].get(fig, {}).values())
                 cells.append(f"{form.format(median(vals)) if vals else '-':>14}")
             print(f"{arm:<9}" + "".join(cells))
+        for arm in [a for a in ARM_ORDER if a in arms]:
+            extras = [
+                f"{fig} {median(arms[arm][fig].values()):.0f}"
+                for fig in EXTRAS
+                if arms[arm].get(fig) and (fig != "stubbed_items" or arm == "limit")
+            ]
+            if extras:
+                print(f"  {arm}: " + ", ".join(extras))
         for ref in ("upstream", "none", "limit"):
             if ref not in arms:
                 continue
