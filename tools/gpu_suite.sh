@@ -11,7 +11,7 @@
 #   epd            E->PD: producer + consumer on the one GPU, NIXL on, producer SIGKILLed (~2-3 min)
 #   server         the OpenAI server with the connector, /metrics     (~1-2 min)
 #   all            every case in one session (longer than one 10-minute command: use parts there)
-# --cuda           also run the existing CUDA-marked tests (python3 -m pytest tests -m cuda)
+# --cuda           also run the existing CUDA-marked tests (python3 -m pytest <their files> -m cuda)
 # --limit S        stop everything after S seconds in all (default 540), so that the summary is
 #                  written before the machine's 10-minute limit
 #
@@ -97,7 +97,8 @@ args_of() {
     epd) echo "tests/gpu_engine/test_epd.py" ;;
     server) echo "tests/gpu_engine/test_openai_server.py" ;;
     all) echo "tests/gpu_engine" ;;
-    cuda) echo "tests -m cuda" ;;
+    # only the files that hold CUDA-marked tests: the rest of tests/ may need what this machine lacks
+    cuda) echo "$(grep -rl --include='test_*.py' 'mark.cuda' tests | sort | tr '\n' ' ') -m cuda" ;;
     *) return 1 ;;
   esac
 }

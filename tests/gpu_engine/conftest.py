@@ -34,6 +34,7 @@ TINY_VLM_SEED = 0
 MODEL_DIR = "EC_GPU_SUITE_MODEL_DIR"
 MODEL_DONE = ".written"
 MODEL_LIMIT_S = 300
+ITEM_LIMIT_S = 3600  # above any module's engine limits added up (on CPU too): they fail first
 
 
 @dataclass(frozen=True)
@@ -42,6 +43,11 @@ class Target:
 
     device: str
     vllm: str
+
+    @property
+    def slowdown(self) -> int:
+        """What the engines' time limits are multiplied by: a CPU engine starts and serves slower."""
+        return 1 if self.device == "cuda" else 3
 
 
 TARGET_KEY = pytest.StashKey["Target | str"]()
@@ -116,8 +122,13 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         return
     found = target_or_reason()
     config.stash[TARGET_KEY] = found
+    # pytest-timeout, where installed, would count a module's engine starts against its first test:
+    # the engines' own time limits (harness.py) are what bound this suite
+    timeout = pytest.mark.timeout(ITEM_LIMIT_S) if config.pluginmanager.hasplugin("timeout") else None
     for item in ours:
         item.add_marker(pytest.mark.gpu_engine)
+        if timeout is not None:
+            item.add_marker(timeout)
         if isinstance(found, str):
             item.add_marker(pytest.mark.skip(reason=found))
 

@@ -67,7 +67,7 @@ def run_engine(target: Target, model: Path, work: Path, runner: str, mode: str, 
         [str(model), str(out), str(work / f"{name}.spec.json")],
         engine_env(target.device, runner),
         work / f"{name}.log",
-        ENGINE_LIMIT_S[mode],
+        ENGINE_LIMIT_S[mode] * target.slowdown,
     )
     return json.loads(out.read_text())
 

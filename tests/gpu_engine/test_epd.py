@@ -87,6 +87,7 @@ def progress(work: Path) -> list[dict]:
 def epd(target: Target, tiny_vlm_dir: Path, tmp_path_factory) -> dict:
     runner = "v1" if target.device == "cpu" else "v2"  # the CPU build has only the V1 runner
     work = tmp_path_factory.mktemp("epd")
+    limit_s = ENGINE_LIMIT_S * target.slowdown
     env = engine_env(
         target.device,
         runner,
@@ -99,15 +100,15 @@ def epd(target: Target, tiny_vlm_dir: Path, tmp_path_factory) -> dict:
         [str(tiny_vlm_dir), str(work / "reference.json"), str(work / "reference.spec.json")],
         env,
         work / "reference.log",
-        ENGINE_LIMIT_S,
+        limit_s,
     )
     ids = {"producer": f"gpu-e-{uuid.uuid4().hex[:6]}", "consumer": f"gpu-pd-{uuid.uuid4().hex[:6]}"}
     (work / "producer.spec.json").write_text(
-        json.dumps(spec(target, connector("ec_producer", ids["producer"]), serve_s=600))
+        json.dumps(spec(target, connector("ec_producer", ids["producer"]), serve_s=4 * limit_s))
     )
     (work / "consumer.spec.json").write_text(
         json.dumps(
-            spec(target, connector("ec_consumer", ids["consumer"]), pause_after=PAUSE_AFTER, pause_s=120)
+            spec(target, connector("ec_consumer", ids["consumer"]), pause_after=PAUSE_AFTER, pause_s=limit_s)
         )
     )
     script = str(ENGINE_DIR / "epd.py")
@@ -122,7 +123,7 @@ def epd(target: Target, tiny_vlm_dir: Path, tmp_path_factory) -> dict:
     try:
         wait_until(
             lambda: (work / "params.json").exists(),
-            ENGINE_LIMIT_S,
+            limit_s,
             "producer publishes",
             producer,
             logs["producer"],
@@ -130,7 +131,7 @@ def epd(target: Target, tiny_vlm_dir: Path, tmp_path_factory) -> dict:
         consumer = start(driver("consumer"), env, logs["consumer"])
         paused = wait_until(
             lambda: next((r for r in progress(work) if "paused" in r), None),
-            ENGINE_LIMIT_S,
+            limit_s,
             "consumer serves the first requests",
             consumer,
             logs["consumer"],
@@ -138,7 +139,7 @@ def epd(target: Target, tiny_vlm_dir: Path, tmp_path_factory) -> dict:
         assert producer.poll() is None, f"the producer exited early:\n{tail(logs['producer'])}"
         kill_group(producer, signal.SIGKILL)
         (work / "go").touch()
-        wait_exit(consumer, logs["consumer"], ENGINE_LIMIT_S, "consumer")
+        wait_exit(consumer, logs["consumer"], limit_s, "consumer")
     finally:
         for proc in (producer, consumer):
             if proc is not None and proc.poll() is None:

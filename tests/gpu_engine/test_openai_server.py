@@ -78,7 +78,7 @@ def server(target: Target, tiny_vlm_dir: Path, tmp_path_factory) -> dict:
         cmd += ["--gpu-memory-utilization", "0.2"]
     env = engine_env(target.device, "v2", single_process=False)
     answers = []
-    with serving(cmd, env, work / "server.log", port, START_LIMIT_S):
+    with serving(cmd, env, work / "server.log", port, START_LIMIT_S * target.slowdown):
         for i in WORKLOAD:
             answers.append(
                 post_json(f"http://127.0.0.1:{port}/v1/chat/completions", chat_body(png(i, SIZES[i])))
