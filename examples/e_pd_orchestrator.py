@@ -75,7 +75,7 @@ def start_server(model: Path, port: int, role: str, engine_id: str, log: Path):
     return subprocess.Popen(cmd, env=env, stdout=log.open("w"), stderr=subprocess.STDOUT)
 
 
-def wait_ready(port: int, proc: subprocess.Popen, name: str, log: Path, timeout: float = 300) -> None:
+def wait_ready(port: int, proc: subprocess.Popen, name: str, log: Path, timeout: float = 900) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:

@@ -50,7 +50,8 @@ def run_engines_demo(args: argparse.Namespace) -> int:
     parts = args.parts or list(PARTS)
     logs = Path(tempfile.mkdtemp(prefix="ec_demo_"))
     print("ec-connector demo: ECTierConnector inside real vLLM engines (CPU build), serving a tiny")
-    print("random-weight Qwen2-VL written for the demo; each part starts its engines (~30 s) first.")
+    print("random-weight Qwen2-VL written for the demo; each part starts its engines first (a minute")
+    print("or more on a 2-core machine).")
     print(f"Engine logs: {logs}/ (the terminal shows the demo's own lines only)", flush=True)
     for n, part in enumerate(parts, 1):
         script, story, log_names = PARTS[part]
