@@ -57,9 +57,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.copy_bandwidth import add_stream_option, aged, scattered  # noqa: E402
 from ec_connector.adapters.memory import MemoryRegion  # noqa: E402
 from ec_connector.adapters.torch_copy import TorchCopier  # noqa: E402
-from ec_connector.adapters.torch_copy.batchplan import BatchPlan, BatchPlanner  # noqa: E402
 from ec_connector.adapters.torch_copy.copier import DMA_MIN_BYTES  # noqa: E402
 from ec_connector.adapters.torch_copy.cuda import FEW_RUNS, MIXED_MIN_RUNS  # noqa: E402
+from ec_connector.adapters.torch_copy.native.batchplan import BatchPlan, BatchPlanner  # noqa: E402
 from ec_connector.application.worker import TierWorker  # noqa: E402
 from ec_connector.domain.blocks import Extent  # noqa: E402
 from ec_connector.domain.config import Role  # noqa: E402

@@ -36,9 +36,9 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.copy_bandwidth import aged  # noqa: E402
-from ec_connector.adapters.torch_copy import native  # noqa: E402
-from ec_connector.adapters.torch_copy.batchplan import BatchPlanner, Queue  # noqa: E402
 from ec_connector.adapters.torch_copy.cuda import FEW_RUNS, FEW_RUNS_SAVE, FEW_SHORT, MIXED_MIN_RUNS  # noqa: E402
+from ec_connector.adapters.torch_copy.native import build as native  # noqa: E402
+from ec_connector.adapters.torch_copy.native.batchplan import BatchPlanner, Queue  # noqa: E402
 from ec_connector.domain.transfers import PlannedCopy  # noqa: E402
 
 NOOP_RUNTIME = """
