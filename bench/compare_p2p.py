@@ -194,11 +194,9 @@ def ours_producer(conn, name: str, cfg: dict, port: int) -> None:
             _, key, rows = cmd
             deadline = time.monotonic() + 10
             while True:  # a consumer's XferDone (which frees the last item) may still be on its way
-                with tier.lock:
-                    res = tier.table.reserve(key, rows, now=clock.now(), lease_s=60.0)
-                    if res is not None:
-                        tier.account_evictions(res)
-                        break
+                res = tier.reserve_fetch(key, rows, now=clock.now(), lease_s=60.0)
+                if res is not None:
+                    break
                 if time.monotonic() > deadline:
                     raise RuntimeError(f"producer region full for {rows} rows")
                 time.sleep(0.005)
@@ -211,8 +209,7 @@ def ours_producer(conn, name: str, cfg: dict, port: int) -> None:
                 done += n
             del area
             view.release()
-            with tier.lock:
-                tier.table.mark_ready(key)
+            tier.finish_fetch(key)
             conn.send(("params", desk.publish({key: {}})))
     except Exception:
         conn.send(("error", traceback.format_exc()))
@@ -295,16 +292,15 @@ def ours_consumer(conn, peer, name: str, cfg: dict, items: list[tuple[str, int]]
             t0 = time.perf_counter()
             if fetcher.ensure_available(f"req-{i}", params, [WantedItem(key, rows)]):
                 raise RuntimeError("ensure_available did not start a fetch")
-            while not tier.table.is_ready(key):
+            while not tier.is_ready(key):
                 fetcher.poll()
                 if fetcher.stats.fallbacks:
                     raise RuntimeError(f"fell back to local encoding: {fetcher.stats}")
                 if time.perf_counter() - t0 > ITEM_TIMEOUT_S:
                     raise TimeoutError(f"item {key} not read in {ITEM_TIMEOUT_S} s")
             t_read = time.perf_counter()
-            with tier.lock:
-                entry = cast("Entry", tier.table.get(key))  # is_ready above: the entry is there
-                runs = [(e.start, e.length) for e in entry.extents]
+            entry = cast("Entry", tier.entry(key))  # is_ready above: the entry is there
+            runs = [(e.start, e.length) for e in entry.extents]
             ok = verify_runs(area, runs, expected)
             t1 = time.perf_counter()
             for start, count in runs:

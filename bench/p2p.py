@@ -122,13 +122,12 @@ def producer_main(instance: str, mode: str, shm_dir: str, port: int, sizes: Sequ
         for mib in sizes:
             rows = mib * MiB // layout.block_size_bytes
             src, pos = pattern(mib * MiB, seed=mib), 0
-            with tier.lock:
-                reservation = tier.table.reserve(item_key(mib), rows, now=clock.now(), lease_s=60.0)
-                assert reservation is not None
-                for off, n in layout.byte_runs(reservation.entry.extents):
-                    data[off : off + n] = src[pos : pos + n]
-                    pos += n
-                tier.table.mark_ready(item_key(mib))
+            reservation = tier.reserve_fetch(item_key(mib), rows, now=clock.now(), lease_s=60.0)
+            assert reservation is not None
+            for off, n in layout.byte_runs(reservation.entry.extents):
+                data[off : off + n] = src[pos : pos + n]
+                pos += n
+            tier.finish_fetch(item_key(mib))
             items[item_key(mib)] = {"image_grid_thw": [1, 2, 2 * rows]}  # placeholder of `rows` tokens
         del data
         view.release()
@@ -226,14 +225,14 @@ class Consumer:
         return reply.ack, rtt
 
     def reserve(self, key: str, rows: int) -> tuple[tuple[int, int], ...]:
-        with self.tier.lock:
-            reservation = self.tier.table.reserve(key, rows, now=self.clock.now(), lease_s=60.0)
-            assert reservation is not None
-            return self.tier.layout.byte_runs(reservation.entry.extents)
+        reservation = self.tier.reserve_fetch(key, rows, now=self.clock.now(), lease_s=60.0)
+        assert reservation is not None
+        return self.tier.layout.byte_runs(reservation.entry.extents)
 
     def drop(self, key: str) -> None:
-        with self.tier.lock:
-            self.tier.table.drop(key)
+        """Free `key`'s blocks: evicted when READY, its reservation given up when still NOT_READY."""
+        if not self.tier.evict(key):
+            self.tier.fail_fetch(key, now=self.clock.now())
 
     def close(self) -> None:
         del self.data
@@ -320,8 +319,7 @@ def _fetcher_e2e(consumer: Consumer, params: dict, mib: int, iterations: int) ->
         pending = not consumer.fetcher.ensure_available(f"bench-{i}", params, item)
         while pending:
             consumer.fetcher.poll()
-            with consumer.tier.lock:
-                pending = not consumer.tier.table.is_ready(key)
+            pending = not consumer.tier.is_ready(key)
             os.sched_yield()
             if time.perf_counter() - t0 > 30.0:
                 raise TimeoutError(f"the fetcher did not make {key} ready within 30 s")
