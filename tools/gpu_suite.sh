@@ -3,7 +3,8 @@
 #
 #   bash tools/gpu_suite.sh [--part PARTS] [--cuda] [--limit SECONDS]
 #
-# Run from the repository root after the vLLM kit is unpacked to /tmp/site (../shared/gpu-kit).
+# Run from the repository root once vLLM 0.33 (its CUDA wheel and the packages the machine lacks) is
+# unpacked to /tmp/site.
 # PARTS: comma-separated, run in order, each its own pytest session (default: all):
 #   both           ec_both, V2 and V1 runners, eager and compiled   (8 engines, ~5-7 min)
 #   both-eager     the eager half of `both`                          (4 engines, ~2-3 min)
