@@ -36,7 +36,7 @@ while [ $# -gt 0 ]; do
     --cuda) CUDA=1; shift ;;
     --limit) LIMIT=$2; shift 2 ;;
     --limit=*) LIMIT=${1#--limit=}; shift ;;
-    -h|--help) sed -n '2,25p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,26p' "$0"; exit 0 ;;
     *) echo "gpu_suite.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
 done
