@@ -121,7 +121,7 @@ def engine_args(args: argparse.Namespace, model: Path, max_pixels: int) -> dict[
         "max_num_batched_tokens": args.max_num_batched_tokens,
         "enforce_eager": args.mode == "eager",
         "enable_prefix_caching": False,
-        "limit_mm_per_prompt": {"image": 1},
+        "limit_mm_per_prompt": {"image": 1, "video": 0},  # no video profiling either
         # vLLM sizes its own encoder cache from the largest item the preprocessor can make: capped
         # at the bench's largest image, it is max_num_batched_tokens, as on a server set up for them.
         "mm_processor_kwargs": {"max_pixels": max_pixels},
