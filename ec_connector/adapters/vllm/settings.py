@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from ec_connector.adapters.vllm.compat import check_row_width
 from ec_connector.domain.config import parse_config, side_channel_from_env
 from ec_connector.domain.errors import ConfigError
 from ec_connector.domain.layout import DTYPE_ITEMSIZE, fingerprint, model_hidden_dim
@@ -26,6 +27,7 @@ def encoder_row(vllm_config: Any) -> tuple[int, str]:
         vision_out_hidden=getattr(vision, "out_hidden_size", None),
         deepstack_indexes=deepstack,
     )
+    check_row_width(vllm_config, hidden)
     dtype = str(model_config.dtype).removeprefix("torch.")
     return hidden, dtype
 
@@ -106,7 +108,7 @@ def worker_settings(vllm_config: Any) -> dict[str, Any]:
 
 
 def require_nixl() -> None:
-    """The exact error SPEC §3 asks for when NIXL is enabled but cannot be imported."""
+    """Fail with the documented error when NIXL is enabled but cannot be imported."""
     try:
         import nixl._api  # noqa: F401
     except ImportError as err:
