@@ -97,6 +97,7 @@ class TierScheduler:
             self._layout.num_blocks,
             min_run=self._layout.blocks_for(config.min_run_bytes),
             max_runs=config.max_entry_runs,
+            eviction=config.eviction,
         )
         self._phase_of = self._table.phase_of
         self._role_loads = config.role.loads

@@ -33,7 +33,7 @@ SECONDS_KEYS = [
     "not_ready_give_up_s",
 ]
 ALL_KEYS = (
-    "announce_lease_s, consumer_ack_timeout_s, ec_cpu_bytes, ec_enable_nixl, ec_max_entry_runs, "
+    "announce_lease_s, consumer_ack_timeout_s, ec_cpu_bytes, ec_enable_nixl, ec_eviction, ec_max_entry_runs, "
     "ec_min_run_bytes, "
     "event_feed_address, "
     "nixl_backend, nixl_consumer_progress_thread, nixl_read_lanes, not_ready_backoff_max_s, "
