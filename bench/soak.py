@@ -120,7 +120,7 @@ def main() -> None:
             landed: list[bool] = []
 
             def land_late(side: ConsumerSide, late=late, landed=landed, producer=producer) -> None:
-                if not landed and side.stats.nack_not_ready > 0 and side.table.get(late) is not None:
+                if not landed and side.stats.nack_not_ready > 0 and side.scheduler.holds(late):
                     landed.append(True)
                     producer.call("land", key=late)
 
@@ -178,7 +178,7 @@ def main() -> None:
                     "producer_age_s": round(time.monotonic() - producer_born, 1),
                     "shm_dir_files": count(str(shm_dir)),
                     "dev_shm_used_bytes": shm_used_bytes(),
-                    "consumer_entries": len(consumer.table),
+                    "consumer_entries": consumer.scheduler.occupancy().entries,
                 }
                 rows_out.append(row)
                 print(json.dumps(row), flush=True)

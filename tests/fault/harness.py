@@ -32,7 +32,6 @@ from ec_connector.adapters.zmq_control import Heartbeat, ZmqControlClient
 from ec_connector.application import TierScheduler
 from ec_connector.application.consumer import ConsumerFetcher, WantedItem
 from ec_connector.application.stats import PeerStats
-from ec_connector.domain.cache import EntryTable
 from ec_connector.domain.config import parse_config
 from ec_connector.domain.entries import Phase
 from ec_connector.domain.layout import Layout
@@ -44,7 +43,7 @@ SCRIPT = Path(__file__).with_name("peer_producer.py")
 PYTHON = sys.executable
 ROW_BYTES = HIDDEN * 2
 
-# Consumer bounds used by the suite (the SPEC's defaults scaled down so a run stays short).
+# Consumer bounds used by the suite (the documented defaults scaled down so a run stays short).
 CONSUMER_EXTRA: dict[str, Any] = {
     "consumer_ack_timeout_s": 1.0,
     "read_timeout_s": 2.0,
@@ -212,10 +211,6 @@ class ConsumerSide:
         self._requests = 0
         self.closed = False
 
-    @property
-    def table(self) -> EntryTable:
-        return self.scheduler.table
-
     def step(self, params: dict, items: list[tuple[str, int]], request_id: str, media: bool = True) -> bool:
         """One engine step for one request: poll, ensure_cache_available, then the step's plan
         (vLLM calls build_connector_meta every step; it settles the tier's deadlines)."""
@@ -247,10 +242,10 @@ class ConsumerSide:
                 on_step(self)
             assert time.monotonic() < deadline, f"request still deferred after {bound_s} s + slack"
             time.sleep(0.002)
-        return {key: ("read" if self.table.is_ready(key) else "fallback") for key, _ in items}
+        return {key: ("read" if self.scheduler.is_ready(key) else "fallback") for key, _ in items}
 
     def local_bytes(self, key: str) -> bytes:
-        entry = self.table.get(key)
+        entry = self.scheduler.entry(key)
         assert entry is not None and entry.is_ready
         view = self.region.data()
         b = self.region.layout.block_size_bytes
@@ -268,8 +263,7 @@ class ConsumerSide:
         while True:
             self.fetcher.poll()
             self.scheduler.poll()
-            with self.scheduler.lock:
-                busy = [e for e in self.table.entries() if e.phase is not Phase.READY]
+            busy = [e for e in self.scheduler.entries() if e.phase is not Phase.READY]
             if not busy and not self.fetcher.has_pending_work():
                 return
             assert time.monotonic() < deadline, f"still busy: {[(e.key, e.phase) for e in busy]}"
@@ -278,15 +272,14 @@ class ConsumerSide:
     def assert_clean(self) -> None:
         """No pin, no transfer in flight, every block free or held by a READY entry."""
         self.settle()
-        with self.scheduler.lock:
-            entries = self.table.entries()
-            assert [e.key for e in entries if e.is_pinned] == []
-            assert all(e.phase is Phase.READY for e in entries)
-            held = sum(e.rows for e in entries)
-            assert self.table.blocks.free_blocks + held == self.table.blocks.num_blocks
-            for entry in entries:
-                self.table.drop(entry.key)
-            assert self.table.blocks.free_blocks == self.table.blocks.num_blocks
+        entries = self.scheduler.entries()
+        assert [e.key for e in entries if e.is_pinned] == []
+        assert all(e.phase is Phase.READY for e in entries)
+        held = sum(e.rows for e in entries)
+        assert self.scheduler.occupancy().used_blocks == held
+        for entry in entries:
+            assert self.scheduler.evict(entry.key), f"{entry.key} is still held"
+        assert self.scheduler.occupancy().used_blocks == 0
         assert not self.fetcher.has_pending_work()
 
     def close(self) -> None:

@@ -97,12 +97,10 @@ class Producer:
 
     def _settle(self, keys: list[str], bound_s: float = 10.0) -> None:
         deadline = time.monotonic() + bound_s
-        table = self.scheduler.table
         while time.monotonic() < deadline:
             self.scheduler.poll()
-            with self.scheduler.lock:
-                if all((e := table.get(k)) is None or e.is_ready for k in keys):
-                    return
+            if all(self.scheduler.is_ready(k) or not self.scheduler.holds(k) for k in keys):
+                return
             time.sleep(0.002)
 
     def store(self, key: str, rows: int) -> dict:
@@ -110,17 +108,17 @@ class Producer:
         plan = self.scheduler.take_plan()
         self._save(plan, [key])
         self._settle([key])
-        return {"stored": self.scheduler.table.is_ready(key)}
+        return {"stored": self.scheduler.is_ready(key)}
 
     def reserve(self, key: str, rows: int) -> dict:
         self.scheduler.on_allocated(key, rows)
         self.held[key] = self.scheduler.take_plan()
-        return {"reserved": key in self.scheduler.table}
+        return {"reserved": self.scheduler.holds(key)}
 
     def land(self, key: str) -> dict:
         self._save(self.held.pop(key), [key])
         self._settle([key])
-        return {"stored": self.scheduler.table.is_ready(key)}
+        return {"stored": self.scheduler.is_ready(key)}
 
     def step(self, keys: list[str], rows: int, fail: list[str]) -> dict:
         """One engine step that plans saves of every key (in order); those in `fail` fail."""
@@ -132,30 +130,27 @@ class Producer:
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
             self.scheduler.poll()
-            with self.scheduler.lock:
-                table = self.scheduler.table
-                if all(k not in table for k in failing) and all(table.is_ready(k) for k in kept):
-                    break
+            tier = self.scheduler
+            if all(not tier.holds(k) for k in failing) and all(tier.is_ready(k) for k in kept):
+                break
             time.sleep(0.002)
-        return {"ready": sum(self.scheduler.table.is_ready(k) for k in keys)}
+        return {"ready": sum(self.scheduler.is_ready(k) for k in keys)}
 
     def state(self) -> dict:
-        with self.scheduler.lock:
-            table = self.scheduler.table
-            entries = table.entries()
-            return {
-                "entries": {e.key: e.phase.value for e in entries},
-                "pinned": sum(e.is_pinned for e in entries),
-                "grants": sum(len(e.grants) for e in entries),
-                "free_blocks": table.blocks.free_blocks,
-                "runs": {e.key: len(e.extents) for e in entries if len(e.extents) > 1},
-                "num_blocks": table.blocks.num_blocks,
-                "dropped": dict(self.server.dropped),
-                "answered": self.server.answered,
-                "done": self.server.done,
-                "callback_errors": self.server.callback_errors,
-                "peer": self.desk.stats.as_dict(),
-            }
+        entries, occupancy = self.scheduler.entries(), self.scheduler.occupancy()
+        return {
+            "entries": {e.key: e.phase.value for e in entries},
+            "pinned": sum(e.is_pinned for e in entries),
+            "grants": sum(len(e.grants) for e in entries),
+            "free_blocks": occupancy.free_blocks,
+            "runs": {e.key: len(e.extents) for e in entries if len(e.extents) > 1},
+            "num_blocks": occupancy.free_blocks + occupancy.used_blocks,
+            "dropped": dict(self.server.dropped),
+            "answered": self.server.answered,
+            "done": self.server.done,
+            "callback_errors": self.server.callback_errors,
+            "peer": self.desk.stats.as_dict(),
+        }
 
     def handle(self, cmd: dict) -> dict:
         op = cmd["op"]

@@ -125,7 +125,7 @@ def test_a_save_that_lands_during_the_retries_is_read_into_the_same_reservation(
     first: list = []
 
     def land_after_two_nacks(side: ConsumerSide) -> None:
-        entry = side.table.get("late")
+        entry = side.scheduler.entry("late")
         if entry is not None and not first:
             first.append(entry.extents)
         if side.stats.nack_not_ready == 2 and len(first) == 1:
@@ -134,7 +134,7 @@ def test_a_save_that_lands_during_the_retries_is_read_into_the_same_reservation(
 
     outcome = consumer.fetch(params, [("late", 8)], bound_s=NOT_READY_BOUND, on_step=land_after_two_nacks)
     assert outcome == {"late": "read"}
-    assert consumer.table.get("late").extents == first[0], "the reservation was kept across retries"
+    assert consumer.scheduler.entry("late").extents == first[0], "the reservation was kept across retries"
     consumer.assert_read("late", 8)
     consumer.assert_clean()
 
@@ -204,7 +204,7 @@ def test_read_timeout_a_producer_frozen_after_its_ack_is_given_up_and_the_blocks
     assert consumer.fetch(params, [("img-a", 64)], bound_s=READ_BOUND) == {"img-a": "fallback"}
     assert hook.fired and time.monotonic() - started >= CONSUMER_EXTRA["read_timeout_s"]
     assert consumer.stats.read_timeouts == 1
-    entry = consumer.table.get("img-a")
+    entry = consumer.scheduler.entry("img-a")
     assert entry is not None and entry.phase.value == "quarantined", "a DMA may still land there"
     producer.signal(signal.SIGCONT)
     consumer.assert_clean()  # the quarantine ends after quarantine_s
@@ -222,7 +222,7 @@ def test_a_frozen_producer_whose_heartbeats_stop_is_given_up_before_the_read_tim
     took = time.monotonic() - started
     assert hook.fired and took < 10.0, f"gave up after {took:.1f} s; the READ timeout is 30 s"
     assert consumer.stats.peers_lost == 1 and consumer.stats.read_timeouts == 0
-    entry = consumer.table.get("img-a")
+    entry = consumer.scheduler.entry("img-a")
     assert entry is not None and entry.phase.value == "quarantined", "a DMA may still land there"
     producer.signal(signal.SIGCONT)
     consumer.assert_clean()

@@ -75,10 +75,9 @@ def serve_steps(llm, connector, encoded: list[str], config: dict, work: Path) ->
         )
         with open(work / "progress.jsonl", "a") as f:
             f.write(json.dumps({"done": step["name"]}) + "\n")
-    table = connector._scheduler.table
     phases = {}
     for key in config.get("watch", []):
-        entry = table.get(key)
+        entry = connector._scheduler.entry(key)
         phases[key] = None if entry is None else entry.phase.value
     report = {
         "requests": {r["name"]: r for r in results},
