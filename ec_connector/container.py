@@ -95,8 +95,8 @@ def _copier(region: Region, device: str) -> Iterator[Copier]:
 
         # The save launcher's thread takes the driver's part of each save's launch off the step
         # thread, for every role that saves (ec_producer, ec_both): from the model runner's own
-        # stream, the kernel launches that follow the flush do not wait for it (H200,
-        # docs/benchmarks.md, session 17; from the legacy default stream they did, session 12).
+        # stream, the kernel launches that follow the flush do not wait for it (docs/benchmarks.md,
+        # "A step with the save launcher"; from the legacy default stream they did).
         copier = TorchCopier(region, device=device, save_launcher=True)
     try:
         yield copier

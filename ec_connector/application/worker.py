@@ -11,10 +11,8 @@ every copier and region call is made under one lock. The watcher keeps off the s
 it sleeps one interval after being woken (the copies of the launch that woke it have just begun)
 and polls only once the step thread has not flushed for an interval (while steps come that often,
 they report what ends); a flush that leaves nothing in flight puts it back to sleep. A poll at the
-moment of the launch took the GIL and the lock from the step thread: on the H200, in steps of a
-32-entry load, ~4 ms of Python and a 32-entry save with its flush, the save and flush took 295 µs
-(median) with a watcher that polled at once, 180 µs with this one and 166 µs with none
-(docs/benchmarks.md, session 11). Reports that find the rank's completion ring full (more than its
+moment of the launch took the GIL and the lock from the step thread, which paid for it in its
+save and flush (measured on the H200). Reports that find the rank's completion ring full (more than its
 slots in one step) wait in order and are posted as the scheduler side drains.
 """
 

@@ -1,4 +1,4 @@
-"""A rejected configuration stops a real vLLM engine at start, with the SPEC's message."""
+"""A rejected configuration stops a real vLLM engine at start, with the documented message."""
 
 from __future__ import annotations
 
