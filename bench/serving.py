@@ -259,6 +259,7 @@ def run_child(spec: dict[str, Any], work: Path, log: Path, timeout_s: float) -> 
     spec_path.write_text(json.dumps(spec))
     script = "serving_epd.py" if "producer_engine" in spec else "serving_engine.py"
     cmd = [sys.executable, str(ROOT / "bench" / script), str(spec_path)]
+    shm_before = set(Path("/dev/shm").glob("vllm_ec_*"))
     started = time.monotonic()
     with log.open("w") as logf:
         proc = subprocess.Popen(
@@ -283,6 +284,13 @@ def run_child(spec: dict[str, Any], work: Path, log: Path, timeout_s: float) -> 
             record.setdefault("workloads", []).append(line)
         elif kind == "skipped":
             record["reason"] = line["reason"]
+    # Region files the engine left (a killed engine cannot unlink its own): recorded, then removed,
+    # so the next arms do not run short of /dev/shm.
+    left = sorted(set(Path("/dev/shm").glob("vllm_ec_*")) - shm_before)
+    if left:
+        record["leftover_shm"] = [str(f) for f in left]
+        for f in left:
+            f.unlink(missing_ok=True)
     if status.startswith("failed"):
         record["log_tail"] = log.read_text(errors="replace").splitlines()[-25:]
     shutil.rmtree(hook_dir, ignore_errors=True)

@@ -71,8 +71,10 @@ def skipped_arms(runs: list[dict[str, Any]]) -> dict[str, str]:
         for eng in run["engines"]:
             if eng["status"] == "skipped":
                 out[eng["arm"]] = eng.get("reason", "skipped")
-            elif eng["status"].startswith("failed"):
+            elif not eng["status"].startswith("ok"):
                 out.setdefault(f"{eng['arm']} (round {eng['round']})", eng["status"])
+            if eng.get("leftover_shm"):
+                out[f"{eng['arm']} (round {eng['round']}) left region files"] = ", ".join(eng["leftover_shm"])
     return out
 
 
