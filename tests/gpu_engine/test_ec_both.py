@@ -42,7 +42,7 @@ CASES = [
 def connector(engine_id: str) -> dict:
     return {
         "ec_connector": "ECTierConnector",
-        "ec_connector_module_path": "ec_connector.adapters.vllm",
+        "ec_connector_module_path": "ec_connector.entrypoints.vllm",
         "ec_role": "ec_both",
         "engine_id": engine_id,
         "ec_connector_extra_config": {"ec_cpu_bytes": 1 << 20},

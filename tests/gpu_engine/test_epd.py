@@ -47,7 +47,7 @@ ENGINE_LIMIT_S = 240
 def connector(role: str, engine_id: str) -> dict:
     return {
         "ec_connector": "ECTierConnector",
-        "ec_connector_module_path": "ec_connector.adapters.vllm",
+        "ec_connector_module_path": "ec_connector.entrypoints.vllm",
         "ec_role": role,
         "engine_id": engine_id,
         "ec_connector_extra_config": {

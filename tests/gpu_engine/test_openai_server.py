@@ -62,7 +62,7 @@ def server(target: Target, tiny_vlm_dir: Path, tmp_path_factory) -> dict:
     engine_id = f"gpu-srv-{uuid.uuid4().hex[:6]}"
     config = {
         "ec_connector": "ECTierConnector",
-        "ec_connector_module_path": "ec_connector.adapters.vllm",
+        "ec_connector_module_path": "ec_connector.entrypoints.vllm",
         "ec_role": "ec_both",
         "engine_id": engine_id,
         "ec_connector_extra_config": {"ec_cpu_bytes": 1 << 20},

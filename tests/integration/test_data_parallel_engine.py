@@ -32,7 +32,7 @@ def test_each_data_parallel_rank_of_a_dense_producer_has_its_own_tier(vllm_pytho
     feed = f"ipc://{tmp_path}/feed"
     config = {
         "ec_connector": "ECTierConnector",
-        "ec_connector_module_path": "ec_connector.adapters.vllm",
+        "ec_connector_module_path": "ec_connector.entrypoints.vllm",
         "ec_role": "ec_producer",
         "engine_id": engine_id,
         "ec_connector_extra_config": {

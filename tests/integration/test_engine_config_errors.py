@@ -42,7 +42,7 @@ def start(python: Path, model: Path, config: dict, extra_path: Path | None = Non
 def config(**changes: object) -> dict:
     base = {
         "ec_connector": "ECTierConnector",
-        "ec_connector_module_path": "ec_connector.adapters.vllm",
+        "ec_connector_module_path": "ec_connector.entrypoints.vllm",
         "ec_role": "ec_both",
         "ec_connector_extra_config": {"ec_cpu_bytes": 1 << 20},
     }

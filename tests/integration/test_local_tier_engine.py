@@ -72,7 +72,18 @@ def run_engine(
     return json.loads(out.read_text())
 
 
-def tier(engine_id: str, cpu_bytes: int = 1 << 20, *, by_plugin: bool = False, role: str = "ec_both") -> dict:
+MODULE_PATH = "ec_connector.entrypoints.vllm"
+FORMER_MODULE_PATH = "ec_connector.adapters.vllm"  # deployed configs name it: an alias that must keep loading
+
+
+def tier(
+    engine_id: str,
+    cpu_bytes: int = 1 << 20,
+    *,
+    by_plugin: bool = False,
+    role: str = "ec_both",
+    module_path: str = MODULE_PATH,
+) -> dict:
     config = {
         "ec_connector": "ECTierConnector",
         "ec_role": role,
@@ -80,7 +91,7 @@ def tier(engine_id: str, cpu_bytes: int = 1 << 20, *, by_plugin: bool = False, r
         "ec_connector_extra_config": {"ec_cpu_bytes": cpu_bytes},
     }
     if not by_plugin:
-        config["ec_connector_module_path"] = "ec_connector.adapters.vllm"
+        config["ec_connector_module_path"] = module_path
     return config
 
 
@@ -135,9 +146,11 @@ def test_a_producer_only_engine_sees_its_saves_complete_without_worker_metadata(
     vllm_python, tiny_vlm_dir, work
 ):
     # On the V1 runner an ec_producer's worker metadata never reaches the scheduler: completion
-    # must arrive through the region's completion table.
+    # must arrive through the region's completion table. This engine names the connector's former
+    # module path, as deployed configs do: the alias must load the same connector.
     engine_id = f"it-prod-{uuid.uuid4().hex[:6]}"
-    report = run_engine(vllm_python, tiny_vlm_dir, work, connector=tier(engine_id, role="ec_producer"))
+    connector = tier(engine_id, role="ec_producer", module_path=FORMER_MODULE_PATH)
+    report = run_engine(vllm_python, tiny_vlm_dir, work, connector=connector)
     distinct = len({i for request in WORKLOAD for i in request})
     assert report["stats"]["saves_done"] == distinct
     assert report["stats"]["hits"] == report["stats"]["loads_planned"] == 0

@@ -130,7 +130,7 @@ def server(vllm_python, tiny_vlm_dir, tmp_path_factory) -> Iterator[dict]:
     feed = f"ipc://{work}/feed"  # a path of its own: no port picked in advance that another could take
     config = {
         "ec_connector": "ECTierConnector",
-        "ec_connector_module_path": "ec_connector.adapters.vllm",
+        "ec_connector_module_path": "ec_connector.entrypoints.vllm",
         "ec_role": "ec_both",
         "engine_id": engine_id,
         "ec_connector_extra_config": {"ec_cpu_bytes": CPU_BYTES, "event_feed_address": feed},

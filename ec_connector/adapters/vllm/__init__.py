@@ -1,11 +1,10 @@
-"""The vLLM facade: `ECTierConnector`, loadable by vLLM's ECConnectorFactory.
+"""The former module path of the vLLM connector, kept so that deployed configs keep loading it:
 
     {"ec_connector": "ECTierConnector", "ec_connector_module_path": "ec_connector.adapters.vllm"}
 
-The package's `vllm.general_plugins` entry point registers the name, so the module path may be
-omitted once the package is installed.
+loads the same class as the documented path `ec_connector.entrypoints.vllm`. Nothing else lives here.
 """
 
-from ec_connector.adapters.vllm.connector import ECTierConnector
+from ec_connector.entrypoints.vllm import ECTierConnector
 
 __all__ = ["ECTierConnector"]

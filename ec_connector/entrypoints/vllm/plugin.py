@@ -11,5 +11,5 @@ def register() -> None:
 
     if CONNECTOR_NAME not in ECConnectorFactory._registry:
         ECConnectorFactory.register_connector(
-            CONNECTOR_NAME, "ec_connector.adapters.vllm.connector", CONNECTOR_NAME
+            CONNECTOR_NAME, "ec_connector.entrypoints.vllm.connector", CONNECTOR_NAME
         )

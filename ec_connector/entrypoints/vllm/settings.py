@@ -5,10 +5,10 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from ec_connector.adapters.vllm.compat import check_row_width
 from ec_connector.domain.config import parse_config, side_channel_from_env
 from ec_connector.domain.errors import ConfigError
 from ec_connector.domain.layout import DTYPE_ITEMSIZE, fingerprint, model_hidden_dim
+from ec_connector.entrypoints.vllm.compat import check_row_width
 
 NIXL_MISSING = (
     "ec_enable_nixl requires NIXL; install the nixl package or remove ec_enable_nixl from "

@@ -19,11 +19,11 @@ from vllm.distributed.ec_transfer.ec_connector.base import (
     ECConnectorWorkerMetadata,
 )
 
-from ec_connector.adapters.vllm import settings as vllm_settings
-from ec_connector.adapters.vllm.metadata import ECTierMetadata, ECTierStats
 from ec_connector.application.consumer import WantedItem
 from ec_connector.container import build_container
 from ec_connector.domain.config import parse_config
+from ec_connector.entrypoints.vllm import settings as vllm_settings
+from ec_connector.entrypoints.vllm.metadata import ECTierMetadata, ECTierStats
 from ec_connector.logging import configure_logging, options_from_env, write_lines_off_thread
 
 if TYPE_CHECKING:
@@ -206,7 +206,7 @@ class ECTierConnector(ECConnectorBase):
         per_engine_labelvalues: dict[int, list[object]],
     ) -> ECConnectorPromMetrics | None:
         """Our series on vLLM's /metrics (called once by vLLM's PrometheusStatLogger); see prom.py."""
-        from ec_connector.adapters.vllm.prom import ECTierPromMetrics
+        from ec_connector.entrypoints.vllm.prom import ECTierPromMetrics
 
         return ECTierPromMetrics(vllm_config, metric_types, labelnames, per_engine_labelvalues)
 
