@@ -39,7 +39,7 @@ def main() -> None:
         limit_mm_per_prompt={"image": 1},
         ec_transfer_config={
             "ec_connector": "ECTierConnector",
-            "ec_connector_module_path": "ec_connector.entrypoints.vllm",
+            "ec_connector_module_path": "ec_connector.adapters.vllm",
             "ec_role": "ec_both",
             "engine_id": engine_id,
             "ec_connector_extra_config": {"ec_cpu_bytes": 1 << 20},
