@@ -251,6 +251,20 @@ def _reap_group(proc: subprocess.Popen, grace_s: float) -> None:
             return
 
 
+def _in_use(path: Path) -> bool:
+    """Whether any process has `path` open or mapped (Linux /proc; unreadable entries are skipped)."""
+    target = str(path)
+    for proc_dir in Path("/proc").glob("[0-9]*"):
+        with contextlib.suppress(OSError):
+            for fd in (proc_dir / "fd").iterdir():
+                with contextlib.suppress(OSError):
+                    if os.readlink(fd) == target:
+                        return True
+            if target in (proc_dir / "maps").read_text():
+                return True
+    return False
+
+
 def run_child(spec: dict[str, Any], work: Path, log: Path, timeout_s: float) -> dict[str, Any]:
     """Run one engine child to its end or its timeout; returns its status and JSON lines."""
     hook_dir = Path(tempfile.mkdtemp(prefix="hook_", dir=work))
@@ -284,9 +298,10 @@ def run_child(spec: dict[str, Any], work: Path, log: Path, timeout_s: float) -> 
             record.setdefault("workloads", []).append(line)
         elif kind == "skipped":
             record["reason"] = line["reason"]
-    # Region files the engine left (a killed engine cannot unlink its own): recorded, then removed,
-    # so the next arms do not run short of /dev/shm.
-    left = sorted(set(Path("/dev/shm").glob("vllm_ec_*")) - shm_before)
+    # Region files the engine left (a killed engine cannot unlink its own): recorded, then removed
+    # so the next arms do not run short of /dev/shm; only files no process holds, since on a shared
+    # host other engines' regions appear there too.
+    left = [f for f in sorted(set(Path("/dev/shm").glob("vllm_ec_*")) - shm_before) if not _in_use(f)]
     if left:
         record["leftover_shm"] = [str(f) for f in left]
         for f in left:

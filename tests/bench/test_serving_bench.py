@@ -138,6 +138,7 @@ def test_serving_bench_runs_end_to_end_on_vllm_cpu(vllm_python: Path, tmp_path: 
     assert "V2 model runner" in by_arm["upstream"]["reason"]
     for arm in ("none", "ours"):
         assert by_arm[arm]["status"] == "ok", by_arm[arm].get("log_tail")
+        assert "leftover_shm" not in by_arm[arm]  # ours unlinks its region once mapped
     wl = {arm: {w["workload"]: w for w in by_arm[arm]["workloads"]} for arm in ("none", "ours")}
     assert set(wl["none"]) == {"unique", "repeat", "pressure", "limit"}
     assert set(wl["ours"]) == {"unique", "repeat", "pressure"}
