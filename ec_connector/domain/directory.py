@@ -17,7 +17,7 @@ number of peers (a join past it is refused). A record costs about 0.55 KiB with 
 hold at most ~150 MiB; size them from the peers' regions (entries a peer can hold = its
 `ec_cpu_bytes` / its typical entry size).
 
-Threads: one thread writes (every method but `locate`, `holders` and the counters); `locate` may
+Threads: one thread writes (every method but `locate`, the other reads and the counters); `locate` may
 be called from any other thread without a lock. Each write is a sequence of single dict
 operations, each atomic in CPython, and `locate` checks its answer against the live peer table,
 which `leave` changes first: a departed or restarted peer is never returned once `leave` (or the
@@ -98,6 +98,10 @@ class PeerDirectory:
 
     def peers(self) -> tuple[Peer, ...]:
         return tuple(self._peers.values())
+
+    def peer(self, peer_id: str) -> Peer | None:
+        """The live peer named `peer_id`, or None."""
+        return self._peers.get(peer_id)
 
     def holders(self, key: str) -> tuple[str, ...]:
         """Peer ids holding `key`, oldest record first."""

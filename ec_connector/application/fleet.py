@@ -1,0 +1,325 @@
+"""Fleet-wide sharing: pull an item another replica holds instead of encoding it.
+
+Two halves, on two threads:
+
+- `FleetUpdater` keeps the peer directory (`domain/directory.py`) current from the peers' event
+  feeds and the static peer list. It runs on the feed subscriber's thread (never the engine's
+  step thread): peers join and beat, report `stored`/`announced`/`evicted`/`expired` events, and
+  leave when their feed disconnects; `tick()` drops peers that stopped beating and applies the
+  records the step thread found stale.
+- `FleetFetcher` runs on the step thread, in front of `ConsumerFetcher`. For each item of a
+  request that the local tier lacks and that no forwarded `ec_transfer_params` name, it reads the
+  directory (a dict read) and, when a live peer holds the item and the pull is worth it
+  (`PullRule`), hands the item to the existing fetch path as params it synthesizes
+  (`{key: {"metadata": {}, "peer_host", "peer_port", "size_bytes"}}`): XferReq, NIXL READ into
+  the local region, and every fallback and bound of that path. A pull is not started when the
+  local region cannot take it (the fetcher's reservation fails: `region_full`, no request sent).
+
+Keys are the tier's entry keys (`domain/scope.py`): a request under scope S asks for its scoped
+keys, so it can only be served entries stored under S, locally and from peers.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict, deque
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, fields
+from typing import Any
+
+import structlog
+
+from ec_connector.application.consumer import ConsumerFetcher, WantedItem
+from ec_connector.application.scheduler import TierScheduler
+from ec_connector.domain.directory import Peer, PeerDirectory
+from ec_connector.domain.entries import Phase
+from ec_connector.domain.transfers import CacheEvent, EventKind
+from ec_connector.ports.runtime import Clock
+
+log = structlog.get_logger(__name__)
+
+GIB = 1 << 30
+
+
+@dataclass(frozen=True, slots=True)
+class PullRule:
+    """When pulling an item from a peer beats encoding it here: `read_s(bytes) <= margin *
+    rows * encode_s_per_row`, where `read_s(bytes) = fixed_s + bytes / bytes_per_s`.
+
+    Defaults (docs/fleet.md gives the measurements): `fixed_s` 1.5 ms, the XferReq/XferAck round
+    trip and READ setup of a 1 MiB item end to end between two processes of one host
+    (`bench/compare_p2p.py`: 1.50-1.77 ms); `bytes_per_s` 3.5 GiB/s, a 9 MiB READ's phase on one
+    host (2.4-2.75 ms); `encode_s_per_row` 10 µs, a 7B-sized Qwen2-VL's vision encoder on the H200
+    (serving bench, repeat pass without a tier against the encoder stubbed: 0.77 s over 96 items of
+    768 rows). Across hosts set `bytes_per_s` to the link's measured READ rate.
+    """
+
+    encode_s_per_row: float = 10e-6
+    fixed_s: float = 1.5e-3
+    bytes_per_s: float = 3.5 * GIB
+    margin: float = 1.0
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if not isinstance(value, int | float) or isinstance(value, bool) or value < 0:
+                raise ValueError(f"pull rule {f.name} = {value!r} must be a number >= 0")
+        if self.bytes_per_s <= 0:
+            raise ValueError(f"pull rule bytes_per_s = {self.bytes_per_s!r} must be > 0")
+
+    def read_s(self, size_bytes: int) -> float:
+        """Predicted seconds to pull `size_bytes` from a peer."""
+        return self.fixed_s + size_bytes / self.bytes_per_s
+
+    def worth(self, size_bytes: int, rows: int) -> bool:
+        """True when pulling the item (`rows` rows, `size_bytes`) is predicted to cost at most
+        `margin` times encoding it."""
+        return self.read_s(size_bytes) <= self.margin * rows * self.encode_s_per_row
+
+    def break_even_rows(self, row_bytes: int) -> int | None:
+        """The fewest rows of `row_bytes` each from which a pull is worth it; None when never (the
+        link moves a row slower than the encoder makes one)."""
+        per_row = self.margin * self.encode_s_per_row - row_bytes / self.bytes_per_s
+        if per_row <= 0:
+            return None
+        rows = max(1, int(self.fixed_s / per_row))
+        while not self.worth(rows * row_bytes, rows):
+            rows += 1
+        return rows
+
+
+@dataclass(slots=True)
+class FleetStats:
+    """Counters of fleet sharing (since start). Updater-thread counters and step-thread counters
+    are written by one thread each."""
+
+    peers_joined: int = 0
+    peers_left: int = 0
+    peers_silent: int = 0
+    feed_gaps: int = 0
+    events_applied: int = 0
+    events_ignored: int = 0
+    lookups: int = 0
+    located: int = 0
+    pulls_started: int = 0
+    pulls_done: int = 0
+    pulls_failed: int = 0
+    pulls_not_started: int = 0
+    not_worth_it: int = 0
+    size_mismatches: int = 0
+    skipped_recent_local: int = 0
+    skipped_in_flight_cap: int = 0
+    stale_records_forgotten: int = 0
+
+    def as_dict(self) -> dict[str, int]:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+
+class FleetUpdater:
+    """Feeds the directory from peers' feeds and the static peer list; every method is meant for
+    the subscriber's thread (thread-safe: one lock serialises writers). Events of this engine's
+    own feed are ignored."""
+
+    def __init__(
+        self,
+        *,
+        directory: PeerDirectory,
+        clock: Clock,
+        engine_id: str,
+        heartbeat_timeout_s: float,
+        stats: FleetStats,
+    ) -> None:
+        if heartbeat_timeout_s <= 0:
+            raise ValueError(f"heartbeat_timeout_s must be > 0, got {heartbeat_timeout_s!r}")
+        self._directory = directory
+        self._clock = clock
+        self._engine_id = engine_id
+        self._timeout = heartbeat_timeout_s
+        self._lock = threading.Lock()
+        self._last_seq: dict[str, int] = {}
+        self._stale: deque[tuple[str, str]] = deque()  # appended by the step thread, drained here
+        self.stats = stats
+
+    def peer_seen(self, peer: Peer) -> bool:
+        """`peer` is alive (a frame of its feed, or the static list at start): join or beat.
+        A restarted peer (same id, new address or boot) loses its old records. False when the
+        directory is full of peers or `peer` is this engine."""
+        if peer.peer_id == self._engine_id:
+            return False
+        with self._lock:
+            if self._directory.peer(peer.peer_id) == peer:
+                return self._directory.heartbeat(peer.peer_id, now=self._clock.now())
+            joined = self._directory.join(peer, now=self._clock.now())
+            self._last_seq.pop(peer.peer_id, None)
+        if joined:
+            self.stats.peers_joined += 1
+            log.info(
+                "fleet_peer_joined", peer=peer.peer_id, address=f"{peer.address.host}:{peer.address.port}"
+            )
+        return joined
+
+    def apply(self, event: CacheEvent, *, seq: int | None = None) -> bool:
+        """Apply one event of peer `event.engine_id`'s feed (`event.mm_hash` is the entry key); any
+        event is also a beat. `seq` (the feed's counter) detects missed events: a gap is counted,
+        and a record it left stale is forgotten when a pull from it fails. False when ignored (an
+        event of a peer that has not joined: there is no address to pull from)."""
+        peer_id = event.engine_id
+        if peer_id == self._engine_id:
+            self.stats.events_ignored += 1
+            return False
+        with self._lock:
+            if seq is not None:
+                last = self._last_seq.get(peer_id)
+                if last is not None and seq != last + 1:
+                    self.stats.feed_gaps += 1
+                self._last_seq[peer_id] = seq
+            known = self._directory.heartbeat(peer_id, now=self._clock.now())
+            if event.kind is EventKind.STORED or event.kind is EventKind.ANNOUNCED:
+                applied = self._directory.stored(peer_id, event.mm_hash, event.size_bytes)
+            elif event.kind is EventKind.EVICTED:
+                applied = self._directory.evicted(peer_id, event.mm_hash)
+            else:  # EXPIRED: the announcement ended; the entry stays READY until evicted
+                applied = known
+        if applied:
+            self.stats.events_applied += 1
+        else:
+            self.stats.events_ignored += 1
+        return applied
+
+    def peer_gone(self, peer_id: str) -> int:
+        """`peer_id`'s feed disconnected: it drops out at once; the records dropped."""
+        with self._lock:
+            known = self._directory.peer(peer_id) is not None
+            dropped = self._directory.leave(peer_id)
+            self._last_seq.pop(peer_id, None)
+        if known:
+            self.stats.peers_left += 1
+            log.info("fleet_peer_left", peer=peer_id, records=dropped)
+        return dropped
+
+    def note_stale(self, peer_id: str, key: str) -> None:
+        """A pull of `key` from `peer_id` failed: forget that record at the next `tick`. Called from
+        the step thread (a deque append, atomic)."""
+        self._stale.append((peer_id, key))
+
+    def tick(self) -> list[str]:
+        """Drop peers silent for longer than the heartbeat timeout and forget stale records; the
+        ids of the peers dropped. Call it at least every heartbeat interval."""
+        with self._lock:
+            while self._stale:
+                peer_id, key = self._stale.popleft()
+                if self._directory.forget(peer_id, key):
+                    self.stats.stale_records_forgotten += 1
+            silent = self._directory.drop_silent(now=self._clock.now(), timeout_s=self._timeout)
+            for peer_id in silent:
+                self._last_seq.pop(peer_id, None)
+        for peer_id in silent:
+            self.stats.peers_silent += 1
+            log.warning("fleet_peer_silent", peer=peer_id, timeout_s=self._timeout)
+        return silent
+
+
+class FleetFetcher:
+    """Step-thread front of `ConsumerFetcher`: adds fleet pulls for local misses the directory can
+    serve. Every method runs on the engine's step thread."""
+
+    def __init__(
+        self,
+        *,
+        tier: TierScheduler,
+        fetcher: ConsumerFetcher,
+        directory: PeerDirectory,
+        updater: FleetUpdater,
+        rule: PullRule,
+        engine_id: str,
+        stats: FleetStats,
+        max_pulls_in_flight: int = 64,
+        recent_local_items: int = 4096,
+    ) -> None:
+        self._tier = tier
+        self._fetcher = fetcher
+        self._directory = directory
+        self._updater = updater
+        self._rule = rule
+        self._engine_id = engine_id
+        self._max_in_flight = max_pulls_in_flight
+        self._recent_cap = recent_local_items
+        self._recent: OrderedDict[str, None] = OrderedDict()
+        self._pulls: dict[str, str] = {}  # key -> the peer it is pulled from
+        self.stats = stats
+
+    def note_local(self, key: str) -> None:
+        """vLLM allocated `key` in its own encoder cache (it is being encoded or loaded here): for a
+        while vLLM may still hold it, so it is not pulled from peers (bounded, oldest dropped)."""
+        self._recent[key] = None
+        self._recent.move_to_end(key)
+        if len(self._recent) > self._recent_cap:
+            self._recent.popitem(last=False)
+
+    def ensure_available(self, request_id: str, params: object, items: Sequence[WantedItem]) -> bool:
+        """As `ConsumerFetcher.ensure_available`, with fleet pulls added for the items that neither
+        the local tier nor `params` cover; params forwarded by an orchestrator take precedence."""
+        self._settle()
+        named = params if isinstance(params, Mapping) else {}
+        synthesized: dict[str, dict[str, Any]] = {}
+        for item in items:
+            if item.key in named or item.key in self._pulls or self._tier.holds(item.key):
+                continue
+            params_for = self._pull_params(item)
+            if params_for is not None:
+                synthesized[item.key] = params_for
+        if synthesized and (params is None or isinstance(params, Mapping)):
+            merged: object = {**synthesized, **named}
+        else:
+            merged = params
+        done = self._fetcher.ensure_available(request_id, merged, items)
+        self._note_started(synthesized)
+        return done
+
+    def _pull_params(self, item: WantedItem) -> dict[str, Any] | None:
+        """Params that make the fetcher pull `item` from a peer, or None (encode here)."""
+        self.stats.lookups += 1
+        holder = self._directory.locate(item.key)
+        if holder is None or holder.peer.peer_id == self._engine_id:
+            return None
+        self.stats.located += 1
+        size = item.rows * self._tier.layout.block_size_bytes
+        if holder.size_bytes != size:  # another model or width: the fingerprint would refuse it
+            self.stats.size_mismatches += 1
+            return None
+        if item.key in self._recent:
+            self.stats.skipped_recent_local += 1
+            return None
+        if not self._rule.worth(size, item.rows):
+            self.stats.not_worth_it += 1
+            return None
+        if len(self._pulls) >= self._max_in_flight:
+            self.stats.skipped_in_flight_cap += 1
+            return None
+        self._pulls[item.key] = holder.peer.peer_id
+        address = holder.peer.address
+        return {"metadata": {}, "peer_host": address.host, "peer_port": address.port, "size_bytes": size}
+
+    def _note_started(self, synthesized: Mapping[str, object]) -> None:
+        """A pull whose reservation exists has started; one without did not (region full, or the
+        item fell back recently): forget it here without blaming the peer's record."""
+        for key in synthesized:
+            if self._tier.holds(key):
+                self.stats.pulls_started += 1
+            else:
+                del self._pulls[key]
+                self.stats.pulls_not_started += 1
+
+    def _settle(self) -> None:
+        """End the pulls whose fetch ended: READY is done; gone or quarantined failed, and the
+        directory record that led to it is forgotten (stale, or its peer failing)."""
+        for key, peer_id in list(self._pulls.items()):
+            entry = self._tier.entry(key)
+            if entry is not None and entry.phase is Phase.NOT_READY:
+                continue
+            del self._pulls[key]
+            if entry is not None and entry.phase is Phase.READY:
+                self.stats.pulls_done += 1
+            else:
+                self.stats.pulls_failed += 1
+                self._updater.note_stale(peer_id, key)
