@@ -12,13 +12,13 @@ made under one scope never finds an entry stored under another.
 
 Memory is bounded by `DirectoryLimits`: each peer's records are capped (its oldest dropped first),
 all records together are capped (the oldest of the whole directory dropped first), and so is the
-number of peers (a join past it is refused). A record costs about 0.55 KiB with a 64-character key
-(`tests/unit/test_directory.py` measures it), so the defaults (65,536 per peer, 262,144 in all)
-hold at most ~150 MiB; size them from the peers' regions (entries a peer can hold = its
+number of peers (a join past it is refused). A record costs about 0.7 KiB with its 64-character
+key string (`bench/directory.py`; docs/fleet.md), so the defaults (65,536 per peer, 262,144 in
+all) hold at most ~180 MiB; size them from the peers' regions (entries a peer can hold = its
 `ec_cpu_bytes` / its typical entry size).
 
-Threads: one thread writes (every method but `locate`, the other reads and the counters); `locate` may
-be called from any other thread without a lock. Each write is a sequence of single dict
+Threads: one thread writes (every method but the reads); `locate` may be called from any other
+thread without a lock. Each write is a sequence of single dict
 operations, each atomic in CPython, and `locate` checks its answer against the live peer table,
 which `leave` changes first: a departed or restarted peer is never returned once `leave` (or the
 join that replaces it) has begun. No method reads a clock: times are passed in.
@@ -28,6 +28,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from ec_connector.domain.protocol import MAX_KEY_CHARS
 from ec_connector.domain.publish import PeerAddress
@@ -44,9 +45,11 @@ class Peer:
     boot: str = ""
 
 
-@dataclass(frozen=True, slots=True)
-class Holder:
-    """Where an entry can be pulled from: the peer, and the entry's size there."""
+class Holder(NamedTuple):
+    """Where an entry can be pulled from: the peer, and the entry's size there.
+
+    A named tuple, as `CacheEvent`: one is made per stored event, on the subscriber's thread, and
+    a frozen dataclass costs about twice as much to make."""
 
     peer: Peer
     size_bytes: int

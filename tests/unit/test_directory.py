@@ -235,8 +235,9 @@ def test_limits_are_validated():
         DirectoryLimits(max_entries=0)
 
 
-def test_a_record_costs_about_half_a_kibibyte():
-    """The bound docs/fleet.md and the module docstring give for sizing the limits."""
+def test_a_record_costs_about_half_a_kibibyte_beside_its_key():
+    """The directory's own share of a record (the keys here are the caller's strings); with the key
+    string, docs/fleet.md gives ~0.7 KiB from bench/directory.py for sizing the limits."""
     directory = PeerDirectory(DirectoryLimits(max_entries_per_peer=20_000, max_entries=40_000))
     for p in ("a", "b"):
         directory.join(peer(p), now=0.0)
