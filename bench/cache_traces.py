@@ -13,6 +13,9 @@ model). What differs between traces is where items come from (`SOURCES`):
 - `scan`: `zipf0.8`, with a burst of one-hit images (never seen again) every 40 steps, as many
   items as 40 steps of the Zipf stream bring: half of all items are one-hit.
 - `mixed`: `zipf0.8` with sizes log-uniform from 64 rows to 16 MiB (2,341 rows).
+- `drift`: `zipf0.8` whose popularity moves: every 500 steps the pool's ranking is drawn afresh
+  (yesterday's popular images become rare, rare ones popular), so a policy that trusts old
+  counts keeps stale images.
 
 Everything is seeded: the same arguments give the same trace.
 """
@@ -33,7 +36,8 @@ REPEAT_SHARE = 0.40
 POPULAR_POOL = 400
 FAIL_SHARE = 0.01
 SCAN_EVERY = 40  # steps between bursts of one-hit images
-SOURCES = ("compare", "zipf0.6", "zipf0.8", "zipf1.0", "scan", "mixed")
+DRIFT_EVERY = 500  # steps between re-rankings of the `drift` trace's pool
+SOURCES = ("compare", "zipf0.6", "zipf0.8", "zipf1.0", "scan", "mixed", "drift")
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,6 +102,21 @@ def _zipf_source(rng: random.Random, alpha: float, pool: int, sizes: Callable[[]
     return draw
 
 
+def _drift_source(rng: random.Random, pool: int) -> Source:
+    images = [(f"d{rng.getrandbits(128):032x}", _pick(rng, IMAGE_MIX)) for _ in range(pool)]
+    weights = list(itertools.accumulate(1.0 / (rank + 1) ** 0.8 for rank in range(pool)))
+    epoch = 0
+
+    def draw(now: int) -> tuple[str, int]:
+        nonlocal epoch
+        if now // DRIFT_EVERY != epoch:
+            epoch = now // DRIFT_EVERY
+            rng.shuffle(images)  # a new ranking of the same images
+        return rng.choices(images, cum_weights=weights)[0]
+
+    return draw
+
+
 def _scan_source(rng: random.Random, pool: int) -> Source:
     zipf = _zipf_source(rng, 0.8, pool, lambda: _pick(rng, IMAGE_MIX))
 
@@ -117,6 +136,8 @@ def _source(name: str, rng: random.Random, pool: int) -> Source:
         return _zipf_source(rng, float(name[4:]), pool, mix)
     if name == "scan":
         return _scan_source(rng, pool)
+    if name == "drift":
+        return _drift_source(rng, pool)
     if name == "mixed":
         lo, hi = math.log(64), math.log(MAX_ROWS)
         return _zipf_source(rng, 0.8, pool, lambda: int(math.exp(rng.uniform(lo, hi))))

@@ -8,14 +8,17 @@ items), and through vLLM's EmbeddingCache where vLLM imports (`.venv-vllm`):
     .venv-vllm/bin/python bench/eviction.py --quick     # with vLLM's EmbeddingCache; ~1 min
 
 Policies: `fifo` and `s3fifo` as shipped (domain/eviction.py), and the candidates tried beside
-them: `clock` (one FIFO queue, an entry read since it last passed the end goes round once more:
-CLOCK / SIEVE-like) and `s3fifo-paper` (S3-FIFO with the paper's ghost of a whole region and a
-read count capped at 3). The driver is compare_cache's step loop without the per-step lookups of
-live items (they change no state): per step, saves become ready (1% fail) and loads unpin, then
-each arriving item is looked up: ready -> a hit (pinned for a step), absent -> a miss (reserved,
-may evict), not ready -> waits. Miss ratio = misses / (hits + misses); byte miss ratio the same
-in blocks. The targets (issue 30): miss ratio <= 0.85x fifo's at 10-25% of the working set, never
-above fifo's by more than 1 point.
+them (bench/eviction_candidates.py): `clock` (CLOCK / SIEVE-like), `s3fifo-paper` (S3-FIFO with
+the paper's ghost of a whole region and a read count capped at 3), `s3fifo-tinylfu` (S3-FIFO with
+a TinyLFU admission filter), `lfu` and `lfu-fast-aging` (least frequently used with a ghost of
+counts, halved every 10x / 1x the tracked keys' accesses). Offline references
+(bench/eviction_offline.py): `belady` (farthest next request first, in our table) and `bound`
+(a lower bound on every policy's miss ratio). The driver is compare_cache's step loop without the
+per-step lookups of live items (they change no state): per step, saves become ready (1% fail) and
+loads unpin, then each arriving item is looked up: ready -> a hit (pinned for a step), absent ->
+a miss (reserved, may evict), not ready -> waits. Miss ratio = misses / (hits + misses); byte miss
+ratio the same in blocks. The targets (issue 30): miss ratio <= 0.85x fifo's at 10-25% of the
+working set, never above fifo's by more than 1 point.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ import argparse
 import json
 import sys
 import time
-from collections.abc import Callable, Container, Mapping
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -32,58 +35,21 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.cache_sides import ABSENT, READY, BaselineSide, OursSide  # noqa: E402
 from bench.cache_traces import SOURCES, Trace, make_trace  # noqa: E402
+from bench.eviction_candidates import ClockPolicy, LfuPolicy, TinyLfuS3FifoPolicy  # noqa: E402
+from bench.eviction_offline import (  # noqa: E402
+    BeladyPolicy,
+    RequestClock,
+    miss_ratio_bound,
+    request_positions,
+)
 from bench.vllm_baseline import BaselineUnavailable, load  # noqa: E402
 from ec_connector.domain import eviction  # noqa: E402
-from ec_connector.domain.entries import Entry  # noqa: E402
 
+CANDIDATES = ("fifo", "s3fifo", "clock", "s3fifo-paper", "s3fifo-tinylfu", "lfu", "lfu-fast-aging")
 FRACTIONS = (0.05, 0.10, 0.15, 0.25, 0.50)
 TARGET_FRACTIONS = (0.10, 0.15, 0.25)
+TARGET_RATIO = 0.85
 _EC = "vllm.distributed.ec_transfer.ec_connector.cpu"
-
-
-class ClockPolicy:
-    """Candidate: one FIFO queue with a read bit (CLOCK; SIEVE keeps the same bit but leaves a
-    read entry in place instead of moving it to the back)."""
-
-    name = "clock"
-
-    def __init__(self, evictable: Mapping[str, Entry]) -> None:
-        self._evictable = evictable
-        self._queue: dict[str, Entry] = {}  # insertion-ordered: the front is the oldest
-        self._read: set[str] = set()
-
-    def reserved(self, entry: Entry) -> None:
-        pass
-
-    def listed(self, entry: Entry) -> None:
-        self._queue.setdefault(entry.key, entry)
-
-    def read(self, entry: Entry) -> None:
-        self._read.add(entry.key)
-
-    def freed(self, entry: Entry) -> None:
-        self._queue.pop(entry.key, None)
-        self._read.discard(entry.key)
-
-    def victims(self, needed: int, protect: Container[str]) -> list[Entry]:
-        out: list[Entry] = []
-        queue = self._queue
-        while needed > 0:
-            key, entry = next(iter(queue.items()))
-            del queue[key]
-            if key in self._read or self._evictable.get(key) is not entry or key in protect:
-                self._read.discard(key)
-                queue[key] = entry  # round again
-                continue
-            out.append(entry)
-            needed -= entry.rows
-        return out
-
-    def queued(self) -> int:
-        return len(self._queue)
-
-    def rank(self, entry: Entry) -> tuple[int, int]:
-        return (1 if entry.key in self._read else 0, entry.order)
 
 
 def _ours(policy: str) -> Callable[[int], OursSide]:
@@ -99,6 +65,12 @@ def _ours(policy: str) -> Callable[[int], OursSide]:
             table._policy = eviction.S3FifoPolicy(
                 num_blocks, evictable, min_compact=64, ghost_share=0.9, max_reads=3
             )
+        elif policy == "s3fifo-tinylfu":
+            table._policy = TinyLfuS3FifoPolicy(num_blocks, evictable, min_compact=64)
+        elif policy == "lfu":
+            table._policy = LfuPolicy(num_blocks, evictable)
+        elif policy == "lfu-fast-aging":
+            table._policy = LfuPolicy(num_blocks, evictable, age=1.0)
         else:
             table._policy = eviction.make_policy(
                 policy, num_blocks=num_blocks, evictable=evictable, min_compact=64
@@ -108,9 +80,17 @@ def _ours(policy: str) -> Callable[[int], OursSide]:
     return make
 
 
-def replay_hits(side: Any, trace: Trace) -> dict[str, float]:
-    """Hits and misses (items and blocks) of `trace` against `side`, and the replay's seconds."""
+def _belady(num_blocks: int, positions: dict[str, list[int]], clock: RequestClock) -> OursSide:
+    side = OursSide(num_blocks)
+    side.table._policy = BeladyPolicy(side.table._evictable, positions, clock)
+    return side
+
+
+def replay_hits(side: Any, trace: Trace, clock: RequestClock | None = None) -> dict[str, float]:
+    """Hits and misses (items and blocks) of `trace` against `side`, and the replay's seconds.
+    `clock`, if given, is set to each request's index before it is served (for offline policies)."""
     hits = misses = hit_rows = miss_rows = 0
+    pos = -1
     to_ready: list = []
     to_unpin: list[str] = []
     t0 = time.perf_counter()
@@ -127,6 +107,9 @@ def replay_hits(side: Any, trace: Trace) -> dict[str, float]:
             side.unpin(key)
         for _, items in step.arrivals:
             for item in items:
+                pos += 1
+                if clock is not None:
+                    clock.pos = pos
                 state = side.lookup(item.key)
                 if state == READY:
                     side.pin(item.key)
@@ -152,7 +135,8 @@ def run(
     *,
     quick: bool = False,
     traces: tuple[str, ...] = SOURCES,
-    policies: tuple[str, ...] = ("fifo", "s3fifo", "clock", "s3fifo-paper"),
+    policies: tuple[str, ...] = CANDIDATES,
+    offline: bool = True,
     steps: int | None = None,
     seed: int = 8,
     progress: Callable[[str], None] | None = None,
@@ -171,6 +155,7 @@ def run(
         footprint = probe.footprint_rows()
         distinct = len({item.key for item in probe.items()})
         total = len(probe.items())
+        positions = request_positions(probe)
         rows: dict[str, Any] = {
             "footprint_blocks": footprint,
             "items": total,
@@ -181,6 +166,10 @@ def run(
             num_blocks = max(1, int(footprint * frac))
             trace = Trace(probe.steps, probe.live, num_blocks, name)
             cell = {p: replay_hits(make(num_blocks), trace) for p, make in makers.items()}
+            if offline:
+                clock = RequestClock()
+                cell["belady"] = replay_hits(_belady(num_blocks, positions, clock), trace, clock)
+                cell["bound"] = miss_ratio_bound(trace, num_blocks)
             rows["by_fraction"][f"{frac:.2f}"] = cell
             say(f"{name} {frac:.2f}: " + " ".join(f"{p}={c['miss_ratio']:.3f}" for p, c in cell.items()))
         out["traces"][name] = rows
@@ -189,25 +178,36 @@ def run(
 
 
 def _targets(res: dict) -> dict:
-    """s3fifo against fifo: the worst ratio at 10-25% and the largest excess anywhere, per trace."""
+    """Per trace, each policy against fifo: the worst miss-ratio ratio at 10-25% of the footprint
+    (target <= 0.85) and the largest excess over fifo anywhere (target <= 1 point); and the offline
+    bound against fifo at each of those regions (above 0.85: the target is infeasible there)."""
     out = {}
     for name, rows in res["traces"].items():
         cells = rows["by_fraction"]
-        ratio = max(
-            cells[f"{f:.2f}"]["s3fifo"]["miss_ratio"] / max(1e-9, cells[f"{f:.2f}"]["fifo"]["miss_ratio"])
-            for f in TARGET_FRACTIONS
-        )
-        excess = max(c["s3fifo"]["miss_ratio"] - c["fifo"]["miss_ratio"] for c in cells.values())
-        out[name] = {
-            "worst_ratio_10_25": ratio,
-            "ratio_met": ratio <= 0.85,
-            "max_excess_points": 100 * excess,
-            "excess_met": excess <= 0.01,
-        }
+        targets = [cells[f"{f:.2f}"] for f in TARGET_FRACTIONS]
+        per: dict[str, Any] = {}
+        for policy in next(iter(cells.values())):
+            if policy == "fifo":
+                continue
+            ratio = max(c[policy]["miss_ratio"] / max(1e-9, c["fifo"]["miss_ratio"]) for c in targets)
+            excess = max(c[policy]["miss_ratio"] - c["fifo"]["miss_ratio"] for c in cells.values())
+            per[policy] = {
+                "worst_ratio_10_25": ratio,
+                "ratio_met": ratio <= TARGET_RATIO,
+                "max_excess_points": 100 * excess,
+                "excess_met": excess <= 0.01,
+            }
+        if "bound" in per:
+            per["bound"]["by_fraction"] = {
+                f"{f:.2f}": c["bound"]["miss_ratio"] / max(1e-9, c["fifo"]["miss_ratio"])
+                for f, c in zip(TARGET_FRACTIONS, targets, strict=True)
+            }
+            per["bound"]["feasible_everywhere"] = per["bound"]["worst_ratio_10_25"] <= TARGET_RATIO
+        out[name] = per
     return out
 
 
-def render(res: dict) -> str:
+def render(res: dict, shown: str = "s3fifo") -> str:
     lines = []
     for name, rows in res["traces"].items():
         cells = rows["by_fraction"]
@@ -216,22 +216,23 @@ def render(res: dict) -> str:
             f"{name}: {rows['items']} items, footprint {rows['footprint_blocks']} blocks, "
             f"compulsory miss ratio {rows['compulsory_miss_ratio']:.3f}"
         )
-        lines.append(f"  {'region':<8}" + "".join(f"{p:>14}" for p in policies) + f"{'s3fifo/fifo':>13}")
+        lines.append(f"  {'region':<8}" + "".join(f"{p:>16}" for p in policies) + f"{shown + '/fifo':>14}")
         for frac, cell in cells.items():
-            ratio = cell["s3fifo"]["miss_ratio"] / max(1e-9, cell["fifo"]["miss_ratio"])
+            ratio = cell[shown]["miss_ratio"] / max(1e-9, cell["fifo"]["miss_ratio"])
+            lines.append(f"  {frac:<8}" + "".join(_cell(cell[p]) for p in policies) + f"{ratio:>14.3f}")
+        for policy, t in res["targets"][name].items():
             lines.append(
-                f"  {frac:<8}"
-                + "".join(f"{cell[p]['miss_ratio']:>8.3f}/{cell[p]['byte_miss_ratio']:.2f}" for p in policies)
-                + f"{ratio:>13.3f}"
+                f"  {policy + '/fifo':<20} worst at 10-25% {t['worst_ratio_10_25']:.3f} "
+                f"({'met' if t['ratio_met'] else 'NOT met'}), most above fifo "
+                f"{t['max_excess_points']:+.2f} points"
             )
-        t = res["targets"][name]
-        lines.append(
-            f"  target: worst s3fifo/fifo at 10-25% {t['worst_ratio_10_25']:.3f} "
-            f"({'met' if t['ratio_met'] else 'NOT met'}), most above fifo {t['max_excess_points']:+.2f} "
-            f"points ({'met' if t['excess_met'] else 'NOT met'})"
-        )
-    lines.append("cells: miss ratio / byte miss ratio")
+    lines.append("cells: miss ratio / byte miss ratio; bound: the lowest miss ratio any policy can reach")
     return "\n".join(lines)
+
+
+def _cell(c: dict) -> str:
+    byte = f"{c['byte_miss_ratio']:.2f}" if "byte_miss_ratio" in c else "   -"
+    return f"{c['miss_ratio']:>11.3f}/{byte}"
 
 
 def plot(res: dict, path: str) -> None:
@@ -248,7 +249,8 @@ def plot(res: dict, path: str) -> None:
         fracs = [float(f) for f in rows["by_fraction"]]
         for policy in next(iter(rows["by_fraction"].values())):
             ys = [cell[policy]["miss_ratio"] for cell in rows["by_fraction"].values()]
-            ax.plot([100 * f for f in fracs], ys, marker="o", label=policy)
+            style = {"belady": "--", "bound": ":"}.get(policy, "-")
+            ax.plot([100 * f for f in fracs], ys, marker="o", ls=style, label=policy)
         ax.axhline(rows["compulsory_miss_ratio"], color="grey", ls=":", lw=1, label="compulsory")
         ax.axvspan(10, 25, color="tab:green", alpha=0.07)
         ax.set_title(name)
@@ -271,12 +273,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steps", type=int, default=None)
     ap.add_argument("--seed", type=int, default=8)
     ap.add_argument("--traces", nargs="+", choices=SOURCES, default=list(SOURCES))
+    ap.add_argument("--policies", nargs="+", default=None, help="online policies to replay")
+    ap.add_argument("--no-offline", action="store_true", help="leave out belady and the bound")
     ap.add_argument("--json", metavar="PATH")
     ap.add_argument("--plot", metavar="PATH", help="PNG (needs matplotlib)")
     args = ap.parse_args(argv)
     res = run(
         quick=args.quick,
         traces=tuple(args.traces),
+        **({"policies": tuple(args.policies)} if args.policies else {}),
+        offline=not args.no_offline,
         steps=args.steps,
         seed=args.seed,
         progress=lambda m: print(m, file=sys.stderr, flush=True),

@@ -1,0 +1,142 @@
+"""The eviction bench's offline references and candidates (bench/eviction_offline.py,
+bench/eviction_candidates.py): the bound is below every policy's miss ratio, Belady evicts the
+entry requested farthest ahead, and the candidates keep the table's guarantees."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from bench.cache_traces import Trace, make_trace
+from bench.eviction import _belady, _ours, replay_hits
+from bench.eviction_candidates import ClockPolicy, LfuPolicy, TinyLfuS3FifoPolicy
+from bench.eviction_offline import (
+    BeladyPolicy,
+    RequestClock,
+    _knapsack,
+    _knapsack_weighted,
+    miss_ratio_bound,
+    request_positions,
+)
+from ec_connector.domain.cache import EntryTable
+from ec_connector.domain.eviction import EvictionPolicy
+
+LEASE = 100.0
+
+
+@pytest.mark.parametrize("source", ["compare", "zipf0.6", "scan", "drift"])
+@pytest.mark.parametrize("fraction", [0.05, 0.2])
+def test_the_bound_is_at_most_every_policys_miss_ratio(source, fraction):
+    probe = make_trace(steps=300, live=64, num_blocks=0, seed=3, source=source, pool=300)
+    num_blocks = int(probe.footprint_rows() * fraction)
+    trace = Trace(probe.steps, probe.live, num_blocks, source)
+    bound = miss_ratio_bound(trace, num_blocks)["miss_ratio"]
+    ratios = {p: replay_hits(_ours(p)(num_blocks), trace)["miss_ratio"] for p in ("fifo", "s3fifo", "lfu")}
+    clock = RequestClock()
+    ratios["belady"] = replay_hits(_belady(num_blocks, request_positions(probe), clock), trace, clock)[
+        "miss_ratio"
+    ]
+    assert all(bound <= r + 1e-12 for r in ratios.values()), (bound, ratios)
+    assert ratios["belady"] <= ratios["fifo"]
+
+
+def test_the_bound_of_a_region_that_holds_everything_is_the_compulsory_misses():
+    probe = make_trace(steps=200, live=32, num_blocks=0, seed=5, source="zipf0.8", pool=100)
+    res = miss_ratio_bound(probe, probe.footprint_rows())
+    assert res["max_hit_groups"] == res["groups"] - res["compulsory_groups"]
+    assert res["miss_ratio"] == pytest.approx(
+        res["compulsory_groups"] / (res["compulsory_groups"] + res["max_hit_requests"])
+    )
+
+
+def test_the_knapsacks_take_the_cheapest_hits_first_and_the_last_one_fractionally():
+    assert _knapsack([1, 2, 3, 10], 6) == 3
+    assert _knapsack([2, 4], 4) == 1.5
+    assert _knapsack_weighted([(10, 1), (4, 2), (3, 3)], 9) == pytest.approx(5 + 0.2)
+
+
+def test_belady_evicts_the_entry_requested_farthest_ahead():
+    clock = RequestClock()
+    positions = {"a": [0, 5], "b": [1, 9], "c": [2], "d": [3, 4]}
+    table = EntryTable(30)
+    table._policy = BeladyPolicy(table._evictable, positions, clock)
+    for pos, key in enumerate("abc"):
+        clock.pos = pos
+        assert table.reserve(key, 10, now=0.0, lease_s=LEASE) is not None
+        table.mark_ready(key)
+    clock.pos = 3
+    res = table.reserve("d", 10, now=0.0, lease_s=LEASE)
+    assert res is not None and [e.key for e in res.evicted] == ["c"]  # never requested again
+    table.mark_ready("d")
+    res = table.reserve("e", 10, now=0.0, lease_s=LEASE)
+    assert res is not None and [e.key for e in res.evicted] == ["b"]  # next at 9, "a" at 5, "d" at 4
+
+
+# --- the candidates keep the table's guarantees -------------------------------------------------
+
+CANDIDATES = ["clock", "s3fifo-tinylfu", "lfu"]
+KINDS = ["ready", "ready", "read", "pinned", "granted", "announced", "not_ready", "quarantined"]
+
+
+def _candidate(name: str, table: EntryTable) -> EvictionPolicy:
+    num_blocks = table.blocks.num_blocks
+    if name == "clock":
+        return ClockPolicy(table._evictable)
+    if name == "lfu":
+        return LfuPolicy(num_blocks, table._evictable, age=0.05)  # ages often: the aging path runs
+    return TinyLfuS3FifoPolicy(num_blocks, table._evictable, min_compact=8)
+
+
+@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    name=st.sampled_from(CANDIDATES),
+    specs=st.lists(st.tuples(st.integers(1, 6), st.sampled_from(KINDS)), min_size=1, max_size=20),
+    later=st.lists(
+        st.tuples(st.integers(1, 20), st.frozensets(st.integers(0, 19), max_size=3), st.integers(0, 3)),
+        max_size=30,
+    ),
+)
+def test_no_candidate_evicts_a_held_entry_and_blocks_are_conserved(name, specs, later):
+    table = EntryTable(40)
+    table._policy = _candidate(name, table)
+    held: set[str] = set()
+    for i, (size, kind) in enumerate(specs):
+        key = f"k{i}"
+        if size > table.blocks.free_blocks:
+            break
+        table.reserve(key, size, now=0.0, lease_s=LEASE)
+        if kind == "quarantined":
+            table.quarantine(key, now=0.0, quarantine_s=LEASE)
+        elif kind != "not_ready":
+            table.mark_ready(key)
+        if kind == "read":
+            table.pin(key)
+            table.unpin(key)
+        elif kind == "pinned":
+            table.pin(key)
+        elif kind == "granted":
+            table.grant(key, i, now=0.0, lease_s=LEASE)
+        elif kind == "announced":
+            table.announce(key, now=0.0, lease_s=LEASE)
+        if kind in ("pinned", "granted", "announced", "not_ready", "quarantined"):
+            held.add(key)
+    for n, (rows, protect_ids, reads) in enumerate(later):
+        protect = {f"k{i}" for i in protect_ids}
+        free = table.blocks.free_blocks
+        evictable = sum(e.rows for e in table.entries() if e.is_evictable(1.0) and e.key not in protect)
+        keys_before = {e.key for e in table.entries()}
+        res = table.reserve(f"new{n}", rows, now=1.0, lease_s=LEASE, protect=protect)
+        if rows > free + evictable:
+            assert res is None and {e.key for e in table.entries()} == keys_before
+            continue
+        assert res is not None
+        victims = {e.key for e in res.evicted}
+        assert not victims & (held | protect), "a held or protected entry was evicted"
+        table.mark_ready(f"new{n}")
+        for _ in range(reads):  # reads move entries between the candidates' queues
+            table.pin(f"new{n}")
+            table.unpin(f"new{n}")
+        owned = [b for e in table.entries() for x in e.extents for b in range(x.start, x.start + x.length)]
+        free_blocks = [b for x in table.blocks.free_extents() for b in range(x.start, x.start + x.length)]
+        assert sorted(owned + free_blocks) == list(range(40)), "blocks lost or shared"
