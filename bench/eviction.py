@@ -243,7 +243,8 @@ def plot(res: dict, path: str) -> None:
 
     traces = list(res["traces"])
     cols = 3
-    fig, axes = plt.subplots((len(traces) + cols - 1) // cols, cols, figsize=(13, 7.5), squeeze=False)
+    nrows = (len(traces) + cols - 1) // cols
+    fig, axes = plt.subplots(nrows, cols, figsize=(14, 3.6 * nrows + 0.6), squeeze=False)
     for ax, name in zip(axes.flat, traces, strict=False):
         rows = res["traces"][name]
         fracs = [float(f) for f in rows["by_fraction"]]
@@ -257,10 +258,16 @@ def plot(res: dict, path: str) -> None:
         ax.set_xlabel("region, % of the trace's footprint")
         ax.set_ylabel("miss ratio")
         ax.grid(alpha=0.3)
-    for ax in list(axes.flat)[len(traces) :]:
+    spare = list(axes.flat)[len(traces) :]
+    for ax in spare:
         ax.axis("off")
-    axes.flat[0].legend(fontsize=8)
-    fig.suptitle("Miss ratio against region size per eviction policy (our EntryTable; vllm: EmbeddingCache)")
+    handles, labels = axes.flat[0].get_legend_handles_labels()
+    where = spare[0] if spare else axes.flat[0]
+    where.legend(handles, labels, loc="center" if spare else "best", fontsize=9)
+    fig.suptitle(
+        "Miss ratio against region size per eviction policy (our EntryTable; vllm: EmbeddingCache;"
+        " belady: offline; bound: no policy goes below)"
+    )
     fig.tight_layout()
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=100)
