@@ -28,7 +28,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.common import percentile  # noqa: E402
-from bench.serving_hook import COUNT_PREFIX, HOOK_DIR_ENV, STUB_FLAG  # noqa: E402
+from bench.serving_hook import COUNT_PREFIX, DUMP_INTERVAL_S, HOOK_DIR_ENV, HOOKS_PREFIX, STUB_FLAG  # noqa: E402
 from bench.serving_workload import Workload, image_digest  # noqa: E402
 
 PROMPT = (
@@ -67,6 +67,37 @@ def encoder_counts(hook_dir: str, engine: str = "") -> tuple[int, int]:
                         items += int(n)
                         stubbed += int(n) * int(stub)
     return items, stubbed
+
+
+def hook_totals(hook_dir: str, engine: str = "") -> dict[str, list[float]]:
+    """The connector hooks' running totals, {method: [calls, seconds]}, summed over the engine's
+    processes (see bench/serving_hook.py; each process rewrites its file every DUMP_INTERVAL_S)."""
+    totals: dict[str, list[float]] = {}
+    prefix = f"{HOOKS_PREFIX}{engine}." if engine else HOOKS_PREFIX
+    for name in os.listdir(hook_dir):
+        if name.startswith(prefix) and not name.endswith(".tmp"):
+            with open(os.path.join(hook_dir, name)) as f:
+                for method, (calls, seconds) in json.load(f).items():
+                    rec = totals.setdefault(method, [0, 0.0])
+                    rec[0] += calls
+                    rec[1] += seconds
+    return totals
+
+
+def hook_delta(before: dict[str, list[float]], after: dict[str, list[float]]) -> dict[str, list[float]]:
+    """Per hook, [calls, milliseconds] spent between two readings of `hook_totals`."""
+    delta = {}
+    for method, (calls, seconds) in after.items():
+        c0, s0 = before.get(method, (0, 0.0))
+        if calls > c0:
+            delta[method] = [int(calls - c0), round((seconds - s0) * 1e3, 3)]
+    return delta
+
+
+async def settled_hook_totals(hook_dir: str) -> dict[str, list[float]]:
+    """Hook totals once every process has dumped what it did before now (one dump interval and a half)."""
+    await asyncio.sleep(1.5 * DUMP_INTERVAL_S)
+    return hook_totals(hook_dir)
 
 
 def encoder_items(hook_dir: str, engine: str = "") -> int:
@@ -193,14 +224,23 @@ async def serve(engine: Any, spec: dict, out: Results, hook_dir: str) -> None:
         try:
             passes, measured_rows, measured_wall, m_items, m_encoded = [], [], 0.0, 0, 0
             m_stubbed = 0
+            m_hooks: dict[str, list[float]] = {}
             for p in wl.passes:
                 before, stub_before = encoder_counts(hook_dir)
+                hooks_before = await settled_hook_totals(hook_dir)
                 rows, wall = await run_pass(engine, spec, wl, p.label, p.seeds, f"{spec['tag']}-{wl.key}")
                 after, stub_after = encoder_counts(hook_dir)
+                hooks = hook_delta(hooks_before, await settled_hook_totals(hook_dir))
                 encoded = after - before
                 figures = summarize(rows, wall, len(p.seeds), encoded)
                 figures["stubbed_items"] = stub_after - stub_before
-                passes.append({"label": p.label, "measured": p.measured, **figures})
+                figures["hook_ms"] = round(sum(ms for _, ms in hooks.values()), 3)
+                passes.append({"label": p.label, "measured": p.measured, **figures, "hooks": hooks})
+                if p.measured:
+                    for method, (calls, ms) in hooks.items():
+                        rec = m_hooks.setdefault(method, [0, 0.0])
+                        rec[0] += calls
+                        rec[1] = round(rec[1] + ms, 3)
                 say(
                     f"{spec['arm']} {wl.key} {p.label}: {len(rows)} req in {wall:.2f} s, "
                     f"encoder items {encoded}, TTFT p50 {figures['ttft_p50_ms'] or 0:.0f} ms"
@@ -223,7 +263,9 @@ async def serve(engine: Any, spec: dict, out: Results, hook_dir: str) -> None:
             measured={
                 **summarize(measured_rows, measured_wall, m_items, m_encoded),
                 "stubbed_items": m_stubbed,
+                "hook_ms": round(sum(ms for _, ms in m_hooks.values()), 3),
             },
+            hooks=m_hooks,
             passes=passes,
         )
 

