@@ -269,7 +269,7 @@ def ours_consumer(conn, peer, name: str, cfg: dict, items: list[tuple[str, int]]
     container = _our_container("ec_consumer", name, cfg, 0)
     out: dict = {"items": [], "cold": None}
     try:
-        out["ucx_error_mode"] = container.connector_config().ucx_error_mode
+        out["ucx_error_mode"] = container.nixl_settings().ucx_error_mode
         region, tier = container.region(), container.tier_scheduler()
         layout = region.layout
         view = region.data()

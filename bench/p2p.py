@@ -158,7 +158,7 @@ def _transport_resource(region, config, agent_name: str, progress_thread: bool):
     transport = NixlPeerTransport(
         region,
         agent_name=agent_name,
-        backend=config.nixl_backend,
+        backend=config.backend,
         ucx_error_mode=config.ucx_error_mode,
         progress_thread=progress_thread,
     )
@@ -199,7 +199,7 @@ class Consumer:
             c = self.container
             c.peer_transport.override(
                 providers.Resource(
-                    _transport_resource, c.region, c.connector_config, c.agent_name, progress_thread=False
+                    _transport_resource, c.region, c.nixl_settings, c.agent_name, progress_thread=False
                 )
             )
         self.tier = self.container.tier_scheduler()

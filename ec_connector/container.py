@@ -1,11 +1,14 @@
 """The composition root: the one place that chooses adapters and wires the services.
 
-Entry points (the vLLM facade, the CLI) fill `Container.settings` and ask for a service; nothing
-else imports dependency_injector. Heavy adapters are imported inside their factory functions, so
+Entry points (the vLLM facade, the CLI) parse `ec_connector_extra_config` once (`parse_settings`:
+the tier's rules from the domain, each adapter's keys from its settings module), hand the result to
+`build_container` with this process's settings, and ask for the services of their role: the
+scheduler side (`scheduler_side`: the tier, its supply and its publisher, each chosen here for the
+role and whether NIXL is on) and its `stats`, or the worker side (`tier_worker`). Nothing else
+imports dependency_injector. Heavy adapters are imported inside their factory functions, so
 local mode never imports nixl, zmq or msgspec, and the core never imports torch.
 
-Settings:
-    role, extra        ec_role and ec_connector_extra_config, validated by the domain
+Settings (of this process; the extra config comes parsed, as `config`):
     instance, dp_rank  region identity (engine_id when given, else vLLM's instance id)
     hidden_dim, dtype  the model's encoder-output row
     ranks, rank        workers of this instance (TP × PCP) and this worker's rank
@@ -24,22 +27,73 @@ local mode), else LogEventSink.
 from __future__ import annotations
 
 import secrets
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
 
 from dependency_injector import containers, providers
 
+from ec_connector.adapters.nixl_data.settings import KEYS as NIXL_KEYS
+from ec_connector.adapters.nixl_data.settings import NixlSettings, parse_nixl_settings
 from ec_connector.adapters.system import LogEventSink, SystemClock
+from ec_connector.adapters.zmq_settings import (
+    DEFAULT_SIDE_CHANNEL_HOST,
+    DEFAULT_SIDE_CHANNEL_PORT,
+    ZmqSettings,
+    parse_zmq_settings,
+)
+from ec_connector.adapters.zmq_settings import KEYS as ZMQ_KEYS
 from ec_connector.application import TierScheduler, TierWorker
 from ec_connector.application.consumer import ConsumerFetcher
 from ec_connector.application.producer import ProducerDesk
+from ec_connector.application.roles import (
+    LocalSupply,
+    NoPublisher,
+    Publisher,
+    SchedulerSide,
+    StatsService,
+    Supply,
+)
 from ec_connector.application.stats import PeerStats
-from ec_connector.domain.config import ConnectorConfig, Role, endpoint_for_rank, parse_config
+from ec_connector.domain.config import KNOWN_KEYS as TIER_KEYS
+from ec_connector.domain.config import ConnectorConfig, Role, as_mapping, parse_config
 from ec_connector.domain.layout import Layout
 from ec_connector.ports.control import ControlClient, ControlServer
 from ec_connector.ports.copier import Copier
 from ec_connector.ports.peer import PeerTransport
 from ec_connector.ports.region import Region
 from ec_connector.ports.runtime import EventSink
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    """`ec_connector_extra_config`, parsed: the tier's rules and each adapter's settings."""
+
+    tier: ConnectorConfig
+    nixl: NixlSettings
+    zmq: ZmqSettings
+
+    @property
+    def p2p_loads(self) -> bool:
+        """This role pulls items from peers (NIXL on, a role that loads)."""
+        return self.tier.enable_nixl and self.tier.role.loads
+
+    @property
+    def p2p_saves(self) -> bool:
+        """This role serves its items to peers (NIXL on, a role that saves)."""
+        return self.tier.enable_nixl and self.tier.role.saves
+
+
+KNOWN_KEYS = TIER_KEYS | NIXL_KEYS | ZMQ_KEYS
+"""Every key `ec_connector_extra_config` accepts."""
+
+
+def parse_settings(extra: object, *, role: object) -> Settings:
+    """`ec_connector_extra_config` for `role`, read once by the entry point: each part parses its
+    own keys; a key no part knows is rejected, naming every accepted key (ConfigError)."""
+    tier = parse_config(extra, role=role, other_keys=NIXL_KEYS | ZMQ_KEYS)
+    mapping: Mapping[str, Any] = as_mapping(extra)
+    return Settings(tier=tier, nixl=parse_nixl_settings(mapping), zmq=parse_zmq_settings(mapping))
 
 
 def _layout(config: ConnectorConfig, hidden_dim: int, dtype: str) -> Layout:
@@ -104,19 +158,20 @@ def _copier(region: Region, device: str) -> Iterator[Copier]:
         copier.close()
 
 
-def _peer_transport(region: Region, config: ConnectorConfig, agent_name: str) -> Iterator[PeerTransport]:
+def _peer_transport(region: Region, config: Settings, agent_name: str) -> Iterator[PeerTransport]:
     from ec_connector.adapters.nixl_data import open_lanes
 
+    role, nixl = config.tier.role, config.nixl
     transport = open_lanes(
         region,  # type: ignore[arg-type]  # the shm region exposes data_address()
         agent_name=agent_name,
         # a role that reads cuts each READ across `nixl_read_lanes` agents; a producer only serves
-        lanes=config.nixl_read_lanes if config.role.loads else 1,
-        backend=config.nixl_backend,
-        ucx_error_mode=config.ucx_error_mode,
+        lanes=nixl.read_lanes if role.loads else 1,
+        backend=nixl.backend,
+        ucx_error_mode=nixl.ucx_error_mode,
         # a producer's agent needs NIXL's progress thread (peers cannot connect otherwise); an
         # ec_consumer's may go without it and progress when it polls its READs (saves a spinning core)
-        progress_thread=config.role is not Role.CONSUMER or config.nixl_consumer_progress_thread,
+        progress_thread=role is not Role.CONSUMER or nixl.consumer_progress_thread,
     )
     try:
         yield transport
@@ -124,7 +179,7 @@ def _peer_transport(region: Region, config: ConnectorConfig, agent_name: str) ->
         transport.close()
 
 
-def _control_server(config: ConnectorConfig, host: str, port: int) -> Iterator[ControlServer]:
+def _control_server(config: ZmqSettings, host: str, port: int) -> Iterator[ControlServer]:
     from ec_connector.adapters.zmq_control import ZmqControlServer
 
     server = ZmqControlServer(host, port, secret=config.side_channel_secret)
@@ -134,7 +189,7 @@ def _control_server(config: ConnectorConfig, host: str, port: int) -> Iterator[C
         server.close()
 
 
-def _control_client(config: ConnectorConfig) -> Iterator[ControlClient]:
+def _control_client(config: ZmqSettings) -> Iterator[ControlClient]:
     from ec_connector.adapters.zmq_control import ZmqControlClient
 
     client = ZmqControlClient(secret=config.side_channel_secret)
@@ -144,15 +199,16 @@ def _control_client(config: ConnectorConfig) -> Iterator[ControlClient]:
         client.close()
 
 
-def _event_sink(config: ConnectorConfig, dp_rank: int) -> Iterator[EventSink]:
+def _event_sink(config: ZmqSettings, dp_rank: int) -> Iterator[EventSink]:
     """The event feed at `event_feed_address` (offset per data-parallel rank) when set (imports
     zmq), else debug log lines."""
-    if config.event_feed_address is None:
+    endpoint = config.feed_endpoint(dp_rank)
+    if endpoint is None:
         yield LogEventSink()
         return
     from ec_connector.adapters.zmq_control.events import ZmqEventSink
 
-    sink = ZmqEventSink(endpoint_for_rank(config.event_feed_address, dp_rank))
+    sink = ZmqEventSink(endpoint)
     try:
         yield sink
     finally:
@@ -170,15 +226,29 @@ def _agent_metadata(transport: PeerTransport) -> bytes:
     return transport.agent_metadata()
 
 
+def _serving(desk: ProducerDesk, server: ControlServer) -> Publisher:
+    """The desk, once its control server answers peers with it."""
+    server.start(desk.answer, desk.done)
+    return desk
+
+
+def _p2p_mode(p2p: bool) -> str:
+    return "p2p" if p2p else "local"
+
+
 class Container(containers.DeclarativeContainer):
     settings = providers.Configuration()
+    config = providers.Dependency(instance_of=Settings)
+    """The parsed extra config (`parse_settings`), given by the entry point."""
 
-    connector_config = providers.Singleton(parse_config, settings.extra, role=settings.role)
+    connector_config = providers.Callable(lambda c: c.tier, config)
+    nixl_settings = providers.Callable(lambda c: c.nixl, config)
+    zmq_settings = providers.Callable(lambda c: c.zmq, config)
     layout = providers.Singleton(
         _layout, connector_config, hidden_dim=settings.hidden_dim, dtype=settings.dtype
     )
     clock = providers.Singleton(SystemClock)
-    events = providers.Resource(_event_sink, connector_config, settings.dp_rank)
+    events = providers.Resource(_event_sink, zmq_settings, settings.dp_rank)
 
     region = providers.Selector(
         settings.tier,
@@ -214,11 +284,11 @@ class Container(containers.DeclarativeContainer):
     )
     peer_stats = providers.Singleton(PeerStats)
     agent_name = providers.Singleton(_agent_name, settings.instance, settings.dp_rank)
-    peer_transport = providers.Resource(_peer_transport, region, connector_config, agent_name=agent_name)
+    peer_transport = providers.Resource(_peer_transport, region, config, agent_name=agent_name)
     control_server = providers.Resource(
-        _control_server, connector_config, host=settings.side_host, port=settings.side_port
+        _control_server, zmq_settings, host=settings.side_host, port=settings.side_port
     )
-    control_client = providers.Resource(_control_client, connector_config)
+    control_client = providers.Resource(_control_client, zmq_settings)
     producer_desk = providers.Singleton(
         ProducerDesk,
         tier=tier_scheduler,
@@ -241,6 +311,31 @@ class Container(containers.DeclarativeContainer):
         engine_id=settings.instance,
         stats=peer_stats,
     )
+    supply: providers.Provider[Supply] = providers.Selector(
+        providers.Callable(lambda c: _p2p_mode(c.p2p_loads), config),
+        p2p=consumer_fetcher,
+        local=providers.Singleton(LocalSupply),
+    )
+    publisher: providers.Provider[Publisher] = providers.Selector(
+        providers.Callable(lambda c: _p2p_mode(c.p2p_saves), config),
+        p2p=providers.Singleton(_serving, producer_desk, control_server),
+        local=providers.Singleton(NoPublisher),
+    )
+    scheduler_side = providers.Singleton(
+        SchedulerSide, tier=tier_scheduler, supply=supply, publisher=publisher
+    )
+    """The scheduler role's services (the tier, its supply, its publisher)."""
+    stats = providers.Singleton(
+        StatsService,
+        tier=tier_scheduler,
+        events=events,
+        peer=providers.Selector(
+            providers.Callable(lambda c: _p2p_mode(c.tier.enable_nixl), config),
+            p2p=peer_stats,
+            local=providers.Object(None),
+        ),
+    )
+    """The scheduler side's counters for vLLM's stats path (peer counters where NIXL is on)."""
     tier_worker = providers.Singleton(
         TierWorker,
         role=connector_config.provided.role,
@@ -264,13 +359,21 @@ DEFAULTS: dict[str, object] = {
     "shm_dir": "/dev/shm",
     "dtype": "bfloat16",
     "fingerprint": "",
-    "side_host": "localhost",
-    "side_port": 5601,
+    "side_host": DEFAULT_SIDE_CHANNEL_HOST,
+    "side_port": DEFAULT_SIDE_CHANNEL_PORT,
 }
 
 
-def build_container(**settings: object) -> Container:
-    """A container with `settings` over DEFAULTS; call `shutdown_resources()` when done."""
-    container = Container()
+def build_container(config: Settings | None = None, **settings: object) -> Container:
+    """A container for `config` (the extra config as the entry point parsed it) with this process's
+    `settings` over DEFAULTS; call `shutdown_resources()` when done.
+
+    Callers that hold the raw document (tests, benches) may pass `role=` and `extra=` in place of
+    `config`: they are parsed here, by the same `parse_settings`."""
+    if config is None:
+        config = parse_settings(settings.pop("extra", None), role=settings.pop("role", None))
+    elif "extra" in settings or "role" in settings:
+        raise TypeError("build_container takes the parsed config or role= and extra=, not both")
+    container = Container(config=config)
     container.settings.from_dict({**DEFAULTS, **settings})
     return container

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from ec_connector.container import build_container
+from ec_connector.container import build_container, parse_settings
 from ec_connector.logging import attach_stderr_handler, configure_logging
 
 HIDDEN = 1024
@@ -75,9 +75,9 @@ def run_demo(args: argparse.Namespace) -> int:
     sides = [(14 * MERGE) * k for k in (6, 8, 10, 12, 14, 16)]
     images = [torch.rand(3, sides[i % len(sides)], sides[(i * 7) % len(sides)]) for i in range(args.images)]
     instance = f"demo-{os.getpid()}"
+    config = parse_settings({"ec_cpu_bytes": args.cpu_mib << 20}, role="ec_both")  # what vLLM would pass
     container = build_container(
-        role="ec_both",
-        extra={"ec_cpu_bytes": args.cpu_mib << 20},
+        config,
         hidden_dim=HIDDEN,
         dtype="bfloat16",
         instance=instance,

@@ -1,8 +1,10 @@
-"""`ec_connector_extra_config` (and the side-channel environment) parsed into a frozen value.
+"""The tier's rules in `ec_connector_extra_config`, parsed into a frozen value.
 
 vLLM passes the extra config through untouched, so every type is checked here. A rejected value
 raises ConfigError (a ValueError) naming the key, the value and the accepted form; nothing is
-clamped or coerced silently.
+clamped or coerced silently. The keys of the adapters (NIXL, the ZMQ side channel and event feed)
+are parsed beside those adapters with the helpers below; the composition root's `parse_settings`
+reads the whole document once and rejects any key that no part knows.
 """
 
 from __future__ import annotations
@@ -18,11 +20,6 @@ from ec_connector.domain.eviction import DEFAULT_POLICY, POLICIES
 
 EXTRA = "ec_connector_extra_config"
 TRUE_STRINGS = frozenset({"true", "1", "yes"})
-NIXL_BACKENDS = ("UCX", "LIBFABRIC", "GDS", "POSIX", "OBJ", "MOONCAKE")
-UCX_ERROR_MODES = ("none", "peer")
-MAX_READ_LANES = 32
-DEFAULT_SIDE_CHANNEL_HOST = "localhost"
-DEFAULT_SIDE_CHANNEL_PORT = 5601
 
 
 class Role(str, Enum):
@@ -66,12 +63,6 @@ class ConnectorConfig:
     not_ready_backoff_s: float = 0.05
     not_ready_backoff_max_s: float = 1.0
     not_ready_give_up_s: float = 10.0
-    nixl_backend: str = "UCX"
-    ucx_error_mode: str = "peer"
-    nixl_consumer_progress_thread: bool = True
-    nixl_read_lanes: int = 4
-    side_channel_secret: str | None = None
-    event_feed_address: str | None = None
     min_run_bytes: int = MIN_RUN_BYTES
     """Run floor of the tier's allocation: an entry that must be split is placed in pieces of at
     least this many bytes, evicting a little more (oldest first) where that is what it takes. 0 turns
@@ -104,18 +95,13 @@ KNOWN_KEYS = frozenset(
         "ec_min_run_bytes",
         "ec_max_entry_runs",
         "ec_eviction",
-        "nixl_backend",
-        "nixl_consumer_progress_thread",
-        "nixl_read_lanes",
-        "ucx_error_mode",
-        "side_channel_secret",
-        "event_feed_address",
         *_SECONDS_KEYS,
     }
 )
+"""The tier's keys; the adapters' keys are listed beside them (`KEYS` of their settings modules)."""
 
 
-def _reject(key: str, value: object, form: str) -> ConfigError:
+def reject(key: str, value: object, form: str) -> ConfigError:
     return ConfigError(f"{EXTRA}[{key!r}] = {_shown(value)} is invalid: expected {form}")
 
 
@@ -144,7 +130,7 @@ def parse_bool_flag(key: str, value: object) -> bool:
         return value
     if isinstance(value, str):
         return value.strip().lower() in TRUE_STRINGS
-    raise _reject(key, value, 'a bool or a string ("true", "1", "yes" enable; anything else disables)')
+    raise reject(key, value, 'a bool or a string ("true", "1", "yes" enable; anything else disables)')
 
 
 def parse_cpu_bytes(extra: Mapping[str, Any]) -> int:
@@ -156,23 +142,23 @@ def parse_cpu_bytes(extra: Mapping[str, Any]) -> int:
         )
     value = extra[key]
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise _reject(key, value, "a positive integer number of bytes, e.g. 1073741824")
+        raise reject(key, value, "a positive integer number of bytes, e.g. 1073741824")
     if value >= 1 << 63:  # no file, mapping or offset can be this large
-        raise _reject(key, value, "a number of bytes below 2**63 (the region is one /dev/shm file)")
+        raise reject(key, value, "a number of bytes below 2**63 (the region is one /dev/shm file)")
     return value
 
 
 def parse_min_run_bytes(value: object) -> int:
     key = "ec_min_run_bytes"
     if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < 1 << 63:
-        raise _reject(key, value, "an integer number of bytes >= 0 (0 turns the run floor off), e.g. 262144")
+        raise reject(key, value, "an integer number of bytes >= 0 (0 turns the run floor off), e.g. 262144")
     return value
 
 
 def parse_max_entry_runs(value: object) -> int:
     key = "ec_max_entry_runs"
     if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 1 << 20:
-        raise _reject(
+        raise reject(
             key, value, "an integer number of runs from 0 to 1048576 (0 turns the run cap off), e.g. 4"
         )
     return value
@@ -180,49 +166,43 @@ def parse_max_entry_runs(value: object) -> int:
 
 def parse_seconds(key: str, value: object) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise _reject(key, value, "a number of seconds > 0, e.g. 2.0")
+        raise reject(key, value, "a number of seconds > 0, e.g. 2.0")
     try:
         seconds = float(value)  # an int too large for a float (JSON allows any) is refused here
     except OverflowError:
-        raise _reject(key, value, "a finite number of seconds > 0, e.g. 2.0") from None
+        raise reject(key, value, "a finite number of seconds > 0, e.g. 2.0") from None
     if not math.isfinite(seconds) or seconds <= 0:
-        raise _reject(key, value, "a finite number of seconds > 0, e.g. 2.0")
+        raise reject(key, value, "a finite number of seconds > 0, e.g. 2.0")
     return seconds
 
 
-def parse_read_lanes(value: object) -> int:
-    key = "nixl_read_lanes"
-    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_READ_LANES:
-        raise _reject(key, value, f"an integer number of NIXL agents from 1 to {MAX_READ_LANES}, e.g. 4")
-    return value
-
-
-def _parse_choice(key: str, value: object, choices: tuple[str, ...]) -> str:
+def parse_choice(key: str, value: object, choices: tuple[str, ...]) -> str:
     if not isinstance(value, str) or value not in choices:
-        raise _reject(key, value, "one of " + ", ".join(repr(c) for c in choices))
+        raise reject(key, value, "one of " + ", ".join(repr(c) for c in choices))
     return value
 
 
-def _parse_optional_text(key: str, value: object, form: str) -> str | None:
+def parse_optional_text(key: str, value: object, form: str) -> str | None:
     if value is None:
         return None
     if not isinstance(value, str) or not value:
-        raise _reject(key, value, form)
+        raise reject(key, value, form)
     return value
 
 
-def parse_config(extra: object, *, role: object) -> ConnectorConfig:
-    """Validate `ec_connector_extra_config` for `role` into a ConnectorConfig."""
+def parse_config(extra: object, *, role: object, other_keys: frozenset[str] = frozenset()) -> ConnectorConfig:
+    """Validate the tier's keys of `ec_connector_extra_config` for `role` into a ConnectorConfig.
+
+    `other_keys`: the adapters' keys, parsed by their own settings modules; any key in neither set
+    is rejected, naming every accepted key."""
     parsed_role = parse_role(role)
-    if extra is None:
-        extra = {}
-    if not isinstance(extra, Mapping):
-        raise ConfigError(f"{EXTRA} = {extra!r} is invalid: expected a JSON object (dict)")
-    unknown = sorted(set(map(str, extra)) - KNOWN_KEYS)
+    extra = as_mapping(extra)
+    known = KNOWN_KEYS | other_keys
+    unknown = sorted(set(map(str, extra)) - known)
     if unknown:
         raise ConfigError(
             f"{EXTRA} has unknown key(s) {', '.join(map(repr, unknown))}: "
-            f"accepted keys are {', '.join(sorted(KNOWN_KEYS))}"
+            f"accepted keys are {', '.join(sorted(known))}"
         )
     fields: dict[str, Any] = {
         "role": parsed_role,
@@ -235,33 +215,13 @@ def parse_config(extra: object, *, role: object) -> ConnectorConfig:
     if "ec_max_entry_runs" in extra:
         fields["max_entry_runs"] = parse_max_entry_runs(extra["ec_max_entry_runs"])
     if "ec_eviction" in extra:
-        fields["eviction"] = _parse_choice("ec_eviction", extra["ec_eviction"], POLICIES)
+        fields["eviction"] = parse_choice("ec_eviction", extra["ec_eviction"], POLICIES)
     for key in _SECONDS_KEYS:
         if key in extra:
             fields[key] = parse_seconds(key, extra[key])
-    if "nixl_backend" in extra:
-        fields["nixl_backend"] = _parse_choice("nixl_backend", extra["nixl_backend"], NIXL_BACKENDS)
-    if "nixl_consumer_progress_thread" in extra:
-        fields["nixl_consumer_progress_thread"] = parse_bool_flag(
-            "nixl_consumer_progress_thread", extra["nixl_consumer_progress_thread"]
-        )
-    if "nixl_read_lanes" in extra:
-        fields["nixl_read_lanes"] = parse_read_lanes(extra["nixl_read_lanes"])
-    if "ucx_error_mode" in extra:
-        fields["ucx_error_mode"] = _parse_choice("ucx_error_mode", extra["ucx_error_mode"], UCX_ERROR_MODES)
-    if "side_channel_secret" in extra:
-        fields["side_channel_secret"] = _parse_optional_text(
-            "side_channel_secret", extra["side_channel_secret"], "a non-empty string or null"
-        )
-    if "event_feed_address" in extra:
-        fields["event_feed_address"] = _parse_optional_text(
-            "event_feed_address",
-            extra["event_feed_address"],
-            'a ZMQ endpoint string such as "tcp://127.0.0.1:5610", or null',
-        )
     config = ConnectorConfig(**fields)
     if config.not_ready_backoff_max_s < config.not_ready_backoff_s:
-        raise _reject(
+        raise reject(
             "not_ready_backoff_max_s",
             config.not_ready_backoff_max_s,
             f"a number >= not_ready_backoff_s ({config.not_ready_backoff_s})",
@@ -269,39 +229,18 @@ def parse_config(extra: object, *, role: object) -> ConnectorConfig:
     return config
 
 
-@dataclass(frozen=True, slots=True)
-class SideChannel:
-    """Where a producer's control server listens; port 0: any free port (it advertises the one it got)."""
-
-    host: str = DEFAULT_SIDE_CHANNEL_HOST
-    port: int = DEFAULT_SIDE_CHANNEL_PORT
-
-    def for_rank(self, dp_rank: int) -> SideChannel:
-        """The channel of data-parallel rank `dp_rank`: each rank's scheduler runs its own server, at
-        port + rank (as vLLM's NIXL KV connector offsets its side channel), so that the ranks of one
-        host do not collide; port 0 stays 0."""
-        port = _rank_port(self.port, dp_rank, f"VLLM_EC_SIDE_CHANNEL_PORT = {self.port}")
-        return self if port == self.port else SideChannel(self.host, port)
+def as_mapping(extra: object) -> Mapping[str, Any]:
+    """The extra config as a mapping: None (vLLM's default) is empty; anything else is refused."""
+    if extra is None:
+        return {}
+    if not isinstance(extra, Mapping):
+        raise ConfigError(f"{EXTRA} = {extra!r} is invalid: expected a JSON object (dict)")
+    return extra
 
 
-def endpoint_for_rank(address: str, dp_rank: int) -> str:
-    """The event feed endpoint of data-parallel rank `dp_rank`: each rank's scheduler publishes its
-    own feed, so rank r > 0 binds a tcp port + r (port 0 or "*" stays: any free port) or, for other
-    transports (ipc, inproc), the address with "_dp{r}" appended (vLLM's KV event publisher offsets
-    its endpoint the same way)."""
-    if dp_rank == 0:
-        return address
-    if not address.startswith("tcp://"):
-        return f"{address}_dp{dp_rank}"
-    base, _, port = address.rpartition(":")
-    if not port.isdigit():  # "*": any free port
-        return address
-    setting = f"ec_connector_extra_config['event_feed_address'] = {address!r}"
-    return f"{base}:{_rank_port(int(port), dp_rank, setting)}"
-
-
-def _rank_port(port: int, dp_rank: int, setting: str) -> int:
-    """Rank `dp_rank`'s port: `port` + rank, or 0 (any free port) for 0; ConfigError past 65535."""
+def rank_port(port: int, dp_rank: int, setting: str) -> int:
+    """Data-parallel rank `dp_rank`'s port: `port` + rank (the ranks of one host each listen at their
+    own), or 0 (any free port) for 0; ConfigError naming `setting` past 65535."""
     if port == 0:
         return 0
     if port + dp_rank > 65535:
@@ -310,18 +249,3 @@ def _rank_port(port: int, dp_rank: int, setting: str) -> int:
             "rank uses port + rank; lower the port, or set 0 for any free port"
         )
     return port + dp_rank
-
-
-def side_channel_from_env(environ: Mapping[str, str]) -> SideChannel:
-    """VLLM_EC_SIDE_CHANNEL_HOST / _PORT, read by producers (and ec_both) with NIXL on."""
-    host = environ.get("VLLM_EC_SIDE_CHANNEL_HOST", DEFAULT_SIDE_CHANNEL_HOST).strip()
-    if not host:
-        raise ConfigError("VLLM_EC_SIDE_CHANNEL_HOST is empty: expected a host name or address")
-    raw_port = environ.get("VLLM_EC_SIDE_CHANNEL_PORT", str(DEFAULT_SIDE_CHANNEL_PORT))
-    port = int(raw_port) if raw_port.isascii() and raw_port.isdigit() else -1
-    if not 0 <= port < 65536:
-        raise ConfigError(
-            f"VLLM_EC_SIDE_CHANNEL_PORT = {raw_port!r} is invalid: expected an integer port 0-65535 "
-            "(0: any free port)"
-        )
-    return SideChannel(host, port)

@@ -32,7 +32,7 @@ from ec_connector.adapters.zmq_control import Heartbeat, ZmqControlClient
 from ec_connector.application import TierScheduler
 from ec_connector.application.consumer import ConsumerFetcher, WantedItem
 from ec_connector.application.stats import PeerStats
-from ec_connector.domain.config import parse_config
+from ec_connector.container import parse_settings
 from ec_connector.domain.entries import Phase
 from ec_connector.domain.layout import Layout
 
@@ -173,9 +173,10 @@ class ConsumerSide:
 
         self.name = f"cons-{uuid.uuid4().hex[:6]}"
         extra = {**CONSUMER_EXTRA, "ucx_error_mode": ucx_error_mode, **(extra or {})}
-        self.config = parse_config(
+        settings = parse_settings(
             {"ec_cpu_bytes": blocks * ROW_BYTES, "ec_enable_nixl": True, **extra}, role="ec_consumer"
         )
+        self.config = settings.tier
         layout = Layout.for_budget(self.config.cpu_bytes, hidden_dim=HIDDEN, dtype="bfloat16")
         self.region = ShmRegion.open(instance=self.name, dp_rank=0, layout=layout, shm_dir=shm_dir)
         self.scheduler = TierScheduler(
@@ -187,15 +188,15 @@ class ConsumerSide:
             engine_id=self.name,
         )
         self.control = ZmqControlClient(
-            secret=self.config.side_channel_secret, heartbeat=heartbeat or Heartbeat()
+            secret=settings.zmq.side_channel_secret, heartbeat=heartbeat or Heartbeat()
         )
         self.transport = open_lanes(  # as the container builds it: READs cut across the lanes
             self.region,
             agent_name=f"{self.name}_dp0",
-            lanes=self.config.nixl_read_lanes,
-            backend=self.config.nixl_backend,
-            ucx_error_mode=self.config.ucx_error_mode,
-            progress_thread=self.config.nixl_consumer_progress_thread,
+            lanes=settings.nixl.read_lanes,
+            backend=settings.nixl.backend,
+            ucx_error_mode=settings.nixl.ucx_error_mode,
+            progress_thread=settings.nixl.consumer_progress_thread,
         )
         self.stats = PeerStats()
         self.fetcher = ConsumerFetcher(

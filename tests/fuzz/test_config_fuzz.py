@@ -1,4 +1,4 @@
-"""Fuzzing the configuration parser: `parse_config` over arbitrary dicts and JSON documents, and
+"""Fuzzing the configuration parser: `parse_settings` over arbitrary dicts and JSON documents, and
 the side-channel environment. Every input parses into a consistent ConnectorConfig or raises
 ConfigError (a ValueError) naming what is wrong; never another exception.
 """
@@ -12,15 +12,9 @@ from conftest import FUZZ, batch, count
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from ec_connector.domain.config import (
-    _SECONDS_KEYS,
-    EXTRA,
-    KNOWN_KEYS,
-    ConnectorConfig,
-    Role,
-    parse_config,
-    side_channel_from_env,
-)
+from ec_connector.adapters.zmq_settings import side_channel_from_env
+from ec_connector.container import KNOWN_KEYS, parse_settings
+from ec_connector.domain.config import _SECONDS_KEYS, EXTRA, ConnectorConfig, Role
 from ec_connector.domain.errors import ConfigError
 
 scalars = (
@@ -49,7 +43,7 @@ roles = st.sampled_from([r.value for r in Role]) | json_values
 
 def check(extra: object, role: object) -> None:
     try:
-        config = parse_config(extra, role=role)
+        config = parse_settings(extra, role=role).tier
     except ConfigError as err:
         message = str(err)
         assert isinstance(err, ValueError)

@@ -20,6 +20,7 @@ SCRIPT = """
 import json, sys
 from types import SimpleNamespace
 from vllm.config import ParallelConfig
+from ec_connector.container import parse_settings
 from ec_connector.entrypoints.vllm.settings import base_settings
 
 rank = int(sys.argv[1])
@@ -31,7 +32,7 @@ ec = SimpleNamespace(ec_role="ec_producer", engine_id="vlm-a", ec_connector_extr
 hf = SimpleNamespace(vision_config=None)
 model = SimpleNamespace(hf_config=hf, get_hidden_size=lambda: 64, dtype="torch.bfloat16", model="m")
 config = SimpleNamespace(ec_transfer_config=ec, model_config=model, parallel_config=parallel)
-settings = base_settings(config)
+settings = base_settings(config, parse_settings(extra, role=ec.ec_role))
 print(json.dumps({"reset_rank": parallel.data_parallel_rank, "dp_rank": settings["dp_rank"],
                   "side_port": settings["side_port"]}))
 """

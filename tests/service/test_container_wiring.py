@@ -1,5 +1,5 @@
-"""How the container wires the P2P producer (what its desk advertises is where its server listens)
-and the copier (the save launcher on CUDA)."""
+"""How the container wires the P2P producer (what its desk advertises is where its server listens),
+the copier (the save launcher on CUDA), and the scheduler side's services for each role."""
 
 from __future__ import annotations
 
@@ -8,7 +8,11 @@ import torch
 from dependency_injector import providers
 
 from ec_connector.adapters.memory import MemoryPeerTransport, MemoryPeerWorld
-from ec_connector.container import build_container
+from ec_connector.adapters.memory.control import MemoryControlClient, MemoryNetwork
+from ec_connector.application.consumer import ConsumerFetcher
+from ec_connector.application.producer import ProducerDesk
+from ec_connector.application.roles import LocalSupply, NoPublisher
+from ec_connector.container import build_container, parse_settings
 from ec_connector.domain.protocol import PROTOCOL_VERSION, AckStatus, XferReq
 
 
@@ -102,3 +106,55 @@ def test_each_start_names_its_nixl_agent_anew_and_the_desk_acks_with_the_transpo
         assert ack.status is AckStatus.OK and ack.agent_name == transport.agent_name
     finally:
         container.shutdown_resources()
+
+
+@pytest.mark.parametrize(
+    ("role", "nixl", "supply", "publisher"),
+    [
+        ("ec_both", False, LocalSupply, NoPublisher),
+        ("ec_consumer", True, ConsumerFetcher, NoPublisher),
+        ("ec_producer", True, LocalSupply, ProducerDesk),
+        ("ec_both", True, ConsumerFetcher, ProducerDesk),
+    ],
+)
+def test_the_scheduler_side_gets_one_service_per_part_chosen_for_its_role(role, nixl, supply, publisher):
+    """The entry point calls the same three objects in every mode: what differs is chosen here."""
+    config = parse_settings({"ec_cpu_bytes": 4096, "ec_enable_nixl": nixl}, role=role)
+    container = build_container(
+        config, tier="memory", device="memory", hidden_dim=4, side_host="127.0.0.1", side_port=0
+    )
+    transport = MemoryPeerTransport(MemoryPeerWorld(), "agent", container.region())
+    container.peer_transport.override(providers.Object(transport))
+    container.control_client.override(providers.Object(MemoryControlClient(MemoryNetwork())))
+    try:
+        side = container.scheduler_side()
+        assert (type(side.supply), type(side.publisher)) == (supply, publisher)
+        assert side.tier is container.tier_scheduler()
+        if publisher is ProducerDesk:  # the desk answers peers as soon as the entry point has it
+            assert container.control_server().address.port != 0
+        report = container.stats().report()
+        assert ("peer_grants" in report) is nixl, "peer counters where NIXL is on"
+        assert report["capacity_bytes"] == 4096 and report["hits"] == 0
+    finally:
+        container.shutdown_resources()
+
+
+def test_the_stats_service_reports_increments_since_its_last_report():
+    container = build_container(
+        role="ec_both", extra={"ec_cpu_bytes": 4096}, tier="memory", device="memory", hidden_dim=4
+    )
+    try:
+        tier, stats = container.tier_scheduler(), container.stats()
+        assert not tier.has_item("a") and not tier.has_item("b")  # two misses
+        assert stats.report()["misses"] == 2
+        assert tier.has_item("c") is False
+        assert stats.report()["misses"] == 1, "an increment, not the running total"
+    finally:
+        container.shutdown_resources()
+
+
+def test_the_container_takes_the_parsed_config_or_the_raw_document_not_both():
+    config = parse_settings({"ec_cpu_bytes": 4096}, role="ec_both")
+    with pytest.raises(TypeError, match="not both"):
+        build_container(config, role="ec_both", extra={"ec_cpu_bytes": 4096})
+    assert build_container(config, tier="memory").connector_config() is config.tier

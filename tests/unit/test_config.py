@@ -1,4 +1,5 @@
-"""ec_connector_extra_config validation: every rejected value fails with its exact message."""
+"""ec_connector_extra_config validation (`parse_settings`: the tier's keys, NIXL's and ZMQ's): every
+rejected value fails with its exact message; the side-channel environment and the per-rank ports."""
 
 from __future__ import annotations
 
@@ -7,15 +8,15 @@ import re
 
 import pytest
 
-from ec_connector.domain.config import (
-    KNOWN_KEYS,
-    ConnectorConfig,
-    Role,
+from ec_connector.adapters.nixl_data.settings import NixlSettings
+from ec_connector.adapters.zmq_settings import (
     SideChannel,
+    ZmqSettings,
     endpoint_for_rank,
-    parse_config,
     side_channel_from_env,
 )
+from ec_connector.container import KNOWN_KEYS, Settings, parse_settings
+from ec_connector.domain.config import ConnectorConfig, Role
 from ec_connector.domain.errors import ConfigError
 from ec_connector.domain.layout import Layout
 
@@ -44,7 +45,15 @@ ALL_KEYS = (
 
 
 def _parse(role: str = "ec_producer", **extra) -> ConnectorConfig:
-    return parse_config({**BASE, **extra}, role=role)
+    return parse_settings({**BASE, **extra}, role=role).tier
+
+
+def _nixl(**extra) -> NixlSettings:
+    return parse_settings({**BASE, **extra}, role="ec_consumer").nixl
+
+
+def _zmq(**extra) -> ZmqSettings:
+    return parse_settings({**BASE, **extra}, role="ec_producer").zmq
 
 
 def _rejects(message: str):
@@ -55,8 +64,11 @@ def _rejects(message: str):
 
 
 def test_minimal_config_takes_every_documented_default():
-    config = parse_config({"ec_cpu_bytes": GIB}, role="ec_consumer")
-    assert config == ConnectorConfig(role=Role.CONSUMER, cpu_bytes=GIB)
+    settings = parse_settings({"ec_cpu_bytes": GIB}, role="ec_consumer")
+    assert settings == Settings(
+        ConnectorConfig(role=Role.CONSUMER, cpu_bytes=GIB), NixlSettings(), ZmqSettings()
+    )
+    config = settings.tier
     assert config.enable_nixl is False
     assert config.consumer_ack_timeout_s == 2.0
     assert config.read_timeout_s == 20.0
@@ -67,10 +79,12 @@ def test_minimal_config_takes_every_documented_default():
     assert config.not_ready_backoff_s == 0.05
     assert config.not_ready_backoff_max_s == 1.0
     assert config.not_ready_give_up_s == 10.0
-    assert config.nixl_backend == "UCX"
-    assert config.ucx_error_mode == "peer"
-    assert config.side_channel_secret is None
-    assert config.event_feed_address is None
+    assert settings.nixl.backend == "UCX"
+    assert settings.nixl.ucx_error_mode == "peer"
+    assert settings.nixl.read_lanes == 4
+    assert settings.nixl.consumer_progress_thread is True
+    assert settings.zmq.side_channel_secret is None
+    assert settings.zmq.event_feed_address is None
     assert config.min_run_bytes == 256 * 1024
     assert config.max_entry_runs == 4
 
@@ -99,7 +113,7 @@ def test_bad_role_is_rejected(role):
         f"ec_role = {role!r} is invalid: expected one of 'ec_producer', 'ec_consumer', 'ec_both' "
         "(ec_role is required whenever ec_connector is set)"
     ):
-        parse_config(dict(BASE), role=role)
+        parse_settings(dict(BASE), role=role)
 
 
 def test_config_is_frozen():
@@ -114,7 +128,7 @@ def test_config_is_frozen():
 @pytest.mark.parametrize("extra", [[1], "ec_cpu_bytes=1", 5])
 def test_extra_that_is_not_a_dict_is_rejected(extra):
     with _rejects(f"ec_connector_extra_config = {extra!r} is invalid: expected a JSON object (dict)"):
-        parse_config(extra, role="ec_producer")
+        parse_settings(extra, role="ec_producer")
 
 
 def test_absent_extra_is_rejected_for_its_missing_ec_cpu_bytes():
@@ -122,14 +136,14 @@ def test_absent_extra_is_rejected_for_its_missing_ec_cpu_bytes():
         "ec_connector_extra_config is missing required key 'ec_cpu_bytes': expected a positive "
         'integer number of bytes, e.g. {"ec_cpu_bytes": 1073741824}'
     ):
-        parse_config(None, role="ec_producer")
+        parse_settings(None, role="ec_producer")
 
 
 def test_unknown_key_is_rejected_naming_it():
     with _rejects(
         f"ec_connector_extra_config has unknown key(s) 'ec_cpu_byte': accepted keys are {ALL_KEYS}"
     ):
-        parse_config({"ec_cpu_byte": GIB}, role="ec_producer")
+        parse_settings({"ec_cpu_byte": GIB}, role="ec_producer")
 
 
 def test_every_unknown_key_is_named_sorted():
@@ -147,7 +161,7 @@ def test_missing_ec_cpu_bytes_is_rejected_naming_the_key():
         "ec_connector_extra_config is missing required key 'ec_cpu_bytes': expected a positive "
         'integer number of bytes, e.g. {"ec_cpu_bytes": 1073741824}'
     ):
-        parse_config({"ec_enable_nixl": False}, role="ec_producer")
+        parse_settings({"ec_enable_nixl": False}, role="ec_producer")
 
 
 @pytest.mark.parametrize(
@@ -169,14 +183,14 @@ def test_bad_ec_cpu_bytes_is_rejected(value, shown):
         f"ec_connector_extra_config['ec_cpu_bytes'] = {shown} is invalid: expected a positive "
         "integer number of bytes, e.g. 1073741824"
     ):
-        parse_config({"ec_cpu_bytes": value}, role="ec_producer")
+        parse_settings({"ec_cpu_bytes": value}, role="ec_producer")
 
 
 @pytest.mark.parametrize("key", ["ec_cpu_bytes", "consumer_ack_timeout_s"])
 def test_a_huge_integer_is_rejected_without_printing_it(key):
     # Python refuses to repr an int of more than 4300 digits; the message must still be a ConfigError
     with pytest.raises(ConfigError, match=re.escape(f"[{key!r}] = <an integer of 16610 bits> is invalid")):
-        parse_config({"ec_cpu_bytes": 1 << 30, key: 10**5000}, role="ec_producer")
+        parse_settings({"ec_cpu_bytes": 1 << 30, key: 10**5000}, role="ec_producer")
 
 
 def test_ec_cpu_bytes_is_kept_exactly():
@@ -196,9 +210,9 @@ def test_ec_cpu_bytes_smaller_than_one_block_is_rejected():
 
 
 def test_consumer_progress_thread_is_on_unless_turned_off():
-    assert _parse().nixl_consumer_progress_thread is True
-    assert _parse(nixl_consumer_progress_thread=False).nixl_consumer_progress_thread is False
-    assert _parse(nixl_consumer_progress_thread="false").nixl_consumer_progress_thread is False
+    assert _nixl().consumer_progress_thread is True
+    assert _nixl(nixl_consumer_progress_thread=False).consumer_progress_thread is False
+    assert _nixl(nixl_consumer_progress_thread="false").consumer_progress_thread is False
     with _rejects(
         "ec_connector_extra_config['nixl_consumer_progress_thread'] = 0 is invalid: expected a bool or a "
         'string ("true", "1", "yes" enable; anything else disables)'
@@ -210,9 +224,9 @@ def test_consumer_progress_thread_is_on_unless_turned_off():
 
 
 def test_read_lanes_default_to_4_and_take_1_to_32():
-    assert _parse().nixl_read_lanes == 4
-    assert _parse(nixl_read_lanes=1).nixl_read_lanes == 1
-    assert _parse(nixl_read_lanes=32).nixl_read_lanes == 32
+    assert _nixl().read_lanes == 4
+    assert _nixl(nixl_read_lanes=1).read_lanes == 1
+    assert _nixl(nixl_read_lanes=32).read_lanes == 32
 
 
 @pytest.mark.parametrize("value", [0, 33, -1, 4.0, "4", True, None])
@@ -353,7 +367,7 @@ def test_backoff_max_equal_to_backoff_is_accepted():
 
 @pytest.mark.parametrize("value", ["UCX", "LIBFABRIC", "GDS", "POSIX", "OBJ", "MOONCAKE"])
 def test_nixl_backend_choices_are_accepted(value):
-    assert _parse(nixl_backend=value).nixl_backend == value
+    assert _nixl(nixl_backend=value).backend == value
 
 
 @pytest.mark.parametrize(("value", "shown"), [("ucx", "'ucx'"), ("", "''"), (None, "None"), (1, "1")])
@@ -367,7 +381,7 @@ def test_bad_nixl_backend_is_rejected(value, shown):
 
 @pytest.mark.parametrize("value", ["none", "peer"])
 def test_ucx_error_mode_choices_are_accepted(value):
-    assert _parse(ucx_error_mode=value).ucx_error_mode == value
+    assert _nixl(ucx_error_mode=value).ucx_error_mode == value
 
 
 @pytest.mark.parametrize(
@@ -381,8 +395,8 @@ def test_bad_ucx_error_mode_is_rejected(value, shown):
 
 
 def test_side_channel_secret_accepts_text_or_null():
-    assert _parse(side_channel_secret="s3cret").side_channel_secret == "s3cret"
-    assert _parse(side_channel_secret=None).side_channel_secret is None
+    assert _zmq(side_channel_secret="s3cret").side_channel_secret == "s3cret"
+    assert _zmq(side_channel_secret=None).side_channel_secret is None
 
 
 @pytest.mark.parametrize(("value", "shown"), [("", "''"), (42, "42"), (b"k", "b'k'")])
@@ -395,8 +409,8 @@ def test_bad_side_channel_secret_is_rejected(value, shown):
 
 
 def test_event_feed_address_accepts_an_endpoint_or_null():
-    assert _parse(event_feed_address="tcp://127.0.0.1:5610").event_feed_address == "tcp://127.0.0.1:5610"
-    assert _parse(event_feed_address=None).event_feed_address is None
+    assert _zmq(event_feed_address="tcp://127.0.0.1:5610").event_feed_address == "tcp://127.0.0.1:5610"
+    assert _zmq(event_feed_address=None).event_feed_address is None
 
 
 @pytest.mark.parametrize(("value", "shown"), [("", "''"), (5610, "5610"), (["tcp://x:1"], "['tcp://x:1']")])
@@ -409,7 +423,7 @@ def test_bad_event_feed_address_is_rejected(value, shown):
 
 
 def test_full_config_is_parsed_into_every_field():
-    config = parse_config(
+    config = parse_settings(
         {
             "ec_cpu_bytes": 4 * GIB,
             "ec_enable_nixl": "yes",
@@ -429,23 +443,23 @@ def test_full_config_is_parsed_into_every_field():
         },
         role="ec_both",
     )
-    assert config == ConnectorConfig(
-        role=Role.BOTH,
-        cpu_bytes=4 * GIB,
-        enable_nixl=True,
-        consumer_ack_timeout_s=1.0,
-        read_timeout_s=5.0,
-        quarantine_s=7.0,
-        producer_pin_lease_s=9.0,
-        announce_lease_s=11.0,
-        save_lease_s=13.0,
-        not_ready_backoff_s=0.1,
-        not_ready_backoff_max_s=0.2,
-        not_ready_give_up_s=3.0,
-        nixl_backend="LIBFABRIC",
-        ucx_error_mode="peer",
-        side_channel_secret="k",
-        event_feed_address="tcp://h:1",
+    assert config == Settings(
+        tier=ConnectorConfig(
+            role=Role.BOTH,
+            cpu_bytes=4 * GIB,
+            enable_nixl=True,
+            consumer_ack_timeout_s=1.0,
+            read_timeout_s=5.0,
+            quarantine_s=7.0,
+            producer_pin_lease_s=9.0,
+            announce_lease_s=11.0,
+            save_lease_s=13.0,
+            not_ready_backoff_s=0.1,
+            not_ready_backoff_max_s=0.2,
+            not_ready_give_up_s=3.0,
+        ),
+        nixl=NixlSettings(backend="LIBFABRIC", ucx_error_mode="peer"),
+        zmq=ZmqSettings(side_channel_secret="k", event_feed_address="tcp://h:1"),
     )
 
 
@@ -546,7 +560,7 @@ BAD_CONFIGS = [
 @pytest.mark.parametrize(("extra", "role"), BAD_CONFIGS)
 def test_every_config_error_is_a_value_error(extra, role):
     with pytest.raises(ValueError) as info:
-        parse_config(extra, role=role)
+        parse_settings(extra, role=role)
     assert isinstance(info.value, ConfigError)
 
 

@@ -1,14 +1,18 @@
 """`ECTierConnector`: a thin facade over the tier services, split by vLLM's connector role.
 
-Each hook converts vLLM's arguments, calls one service method and converts the result. The
-scheduler side and the worker side are built through the container; completion of copies travels
-through the shared region, so it reaches the scheduler on every model runner.
+Each hook converts vLLM's arguments, calls one service method and converts the result. The extra
+config is parsed once, here, and handed to the container, which gives the scheduler's instance its
+scheduler side (the tier, its supply, its publisher) and a stats service, and each worker's
+instance its TierWorker. Completion of copies travels through the shared region, so it reaches the
+scheduler on every model runner.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -19,9 +23,12 @@ from vllm.distributed.ec_transfer.ec_connector.base import (
     ECConnectorWorkerMetadata,
 )
 
+from ec_connector.adapters.nixl_data.settings import require_nixl
 from ec_connector.application.consumer import WantedItem
-from ec_connector.container import build_container
-from ec_connector.domain.config import parse_config
+from ec_connector.application.roles import Publisher, StatsService, Supply
+from ec_connector.application.scheduler import TierScheduler
+from ec_connector.application.worker import TierWorker
+from ec_connector.container import build_container, parse_settings
 from ec_connector.entrypoints.vllm import settings as vllm_settings
 from ec_connector.entrypoints.vllm.metadata import ECTierMetadata, ECTierStats
 from ec_connector.logging import configure_logging, options_from_env, write_lines_off_thread
@@ -44,57 +51,58 @@ def _share_vllm_log_handlers() -> None:
 
 
 class ECTierConnector(ECConnectorBase):
-    """Encoder-cache connector: a /dev/shm CPU tier shared by the instance's processes."""
+    """Encoder-cache connector: a /dev/shm CPU tier shared by the instance's processes.
+
+    vLLM makes one instance per role and calls each hook on its own role's instance: the
+    scheduler's holds its scheduler side (`_scheduler`: the tier, `_supply`, `_publisher`) and
+    `_stats`, each worker's holds `_worker`. The hooks that vLLM
+    calls on every instance (get_finished, clear_connector_metadata, has_pending_push_work,
+    get_ec_connector_stats, shutdown) answer for the role they run on.
+    """
+
+    _scheduler: TierScheduler  # the scheduler's instance only, as are the next three
+    _supply: Supply
+    _publisher: Publisher
+    _stats: StatsService
+    _worker: TierWorker  # each worker's instance only
 
     def __init__(self, vllm_config: VllmConfig, role: ECConnectorRole) -> None:
         super().__init__(vllm_config=vllm_config, role=role)
         configure_logging(**options_from_env(os.environ))  # VLLM_EC_LOG_JSON, VLLM_EC_LOG_LEVEL
         _share_vllm_log_handlers()
         ec = vllm_config.ec_transfer_config
-        config = parse_config(ec.ec_connector_extra_config, role=ec.ec_role)
-        if config.enable_nixl:
-            vllm_settings.require_nixl()
-        self._scheduler = None
-        self._worker = None
-        self._desk = None
-        self._fetcher = None
+        config = parse_settings(ec.ec_connector_extra_config, role=ec.ec_role)
+        if config.tier.enable_nixl:
+            require_nixl()
+        self._on_scheduler = role == ECConnectorRole.SCHEDULER
+        self._model_config = vllm_config.model_config
         self._polled = False
-        self._reported: dict[str, int] = {}
-        if role == ECConnectorRole.SCHEDULER:
-            self._container = build_container(**vllm_settings.scheduler_settings(vllm_config))
-            self._scheduler = self._container.tier_scheduler()
-            if config.enable_nixl and config.role.saves:
-                self._desk = self._container.producer_desk()
-                self._container.control_server().start(self._desk.answer, self._desk.done)
-            if config.enable_nixl and config.role.loads:
-                self._fetcher = self._container.consumer_fetcher()
-            if config.enable_nixl:
-                from vllm.distributed.ec_transfer.ec_connector.utils import (
-                    PlaceholderMetadataResolver,
-                )
-
-                self._metadata = PlaceholderMetadataResolver(vllm_config.model_config)
+        if self._on_scheduler:
+            self._container = build_container(config, **vllm_settings.scheduler_settings(vllm_config, config))
+            side = self._container.scheduler_side()
+            self._scheduler, self._supply, self._publisher = side.tier, side.supply, side.publisher
+            self._stats = self._container.stats()
         else:
-            self._container = build_container(**vllm_settings.worker_settings(vllm_config))
+            self._container = build_container(config, **vllm_settings.worker_settings(vllm_config, config))
             self._worker = self._container.tier_worker()
 
     # -- worker side ------------------------------------------------------------------------
 
     def bind_connector_metadata(self, connector_metadata: ECConnectorMetadata) -> None:
         super().bind_connector_metadata(connector_metadata)
-        assert self._worker is not None and isinstance(connector_metadata, ECTierMetadata)
+        if not isinstance(connector_metadata, ECTierMetadata):
+            shown = type(connector_metadata).__name__
+            raise TypeError(f"ECTierConnector was bound {shown}, not its own ECTierMetadata")
         self._worker.bind(connector_metadata.plan)
 
     def start_load_caches(self, encoder_cache: dict[str, torch.Tensor], **kwargs: Any) -> None:
-        assert self._worker is not None
         self._worker.start_loads(encoder_cache)
 
     def save_caches(self, encoder_cache: dict[str, torch.Tensor], mm_hash: str, **kwargs: Any) -> None:
-        assert self._worker is not None
         self._worker.save(encoder_cache, mm_hash)
 
     def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:
-        if self._worker is not None:
+        if not self._on_scheduler:
             self._worker.flush()
         return None, None
 
@@ -102,28 +110,30 @@ class ECTierConnector(ECConnectorBase):
         return None
 
     def clear_connector_metadata(self) -> None:
-        if self._worker is not None:
+        if not self._on_scheduler:
             self._worker.clear()
         super().clear_connector_metadata()
 
     # -- scheduler side ---------------------------------------------------------------------
 
     def has_cache_item(self, identifier: str) -> bool:
-        assert self._scheduler is not None
         return self._scheduler.has_item(identifier)
 
     def ensure_cache_available(self, request: Request, num_computed_tokens: int) -> bool:
-        if self._fetcher is None:
-            return True
+        supply = self._supply
         if not self._polled:
             self._polled = True
-            self._fetcher.poll()
-        items = [
+            supply.poll()
+        # the items are listed only if the supply reads them (a LocalSupply never does)
+        items = _Lazy(lambda: self._wanted(request, num_computed_tokens))
+        return supply.ensure_available(request.request_id, request.ec_transfer_params, items)
+
+    def _wanted(self, request: Request, num_computed_tokens: int) -> list[WantedItem]:
+        return [
             WantedItem(f.identifier, f.mm_position.get_num_embeds(), self._has_media(f))
             for f in request.mm_features
             if f.mm_position.offset + f.mm_position.length > num_computed_tokens  # still needed
         ]
-        return self._fetcher.ensure_available(request.request_id, request.ec_transfer_params, items)
 
     def _has_media(self, feature: Any) -> bool:
         """Whether the worker could encode the item itself: it carries processed input beyond the
@@ -134,63 +144,47 @@ class ECTierConnector(ECConnectorBase):
         metadata = self._metadata.fields_for(feature.modality)
         return any(elem.data is not None for key, elem in feature.data.items() if key not in metadata)
 
+    @functools.cached_property
+    def _metadata(self) -> Any:
+        """vLLM's resolver of an item's placeholder metadata, made at first use (P2P roles only)."""
+        from vllm.distributed.ec_transfer.ec_connector.utils import PlaceholderMetadataResolver
+
+        return PlaceholderMetadataResolver(self._model_config)
+
     def take_unavailable_requests(self) -> set[str]:
-        return self._fetcher.take_unavailable() if self._fetcher is not None else set()
+        return self._supply.take_unavailable()
 
     def update_state_after_alloc(self, request: Request, index: int) -> None:
-        assert self._scheduler is not None
         feature = request.mm_features[index]
         self._scheduler.on_allocated(feature.identifier, feature.mm_position.get_num_embeds())
 
     def build_connector_meta(self, scheduler_output: SchedulerOutput) -> ECConnectorMetadata:
-        assert self._scheduler is not None
         self._polled = False
         return ECTierMetadata(plan=self._scheduler.take_plan())
 
     def request_finished(self, request: Request) -> tuple[bool, dict[str, Any] | None]:
-        if self._desk is None or not request.mm_features:
+        if not request.mm_features:
             return False, None
+        # the items' metadata is collected only if the publisher reads it (a NoPublisher never does)
+        return False, self._publisher.publish(_LazyMapping(lambda: self._item_metadata(request)))
+
+    def _item_metadata(self, request: Request) -> dict[str, Any]:
         from vllm.distributed.ec_transfer.ec_connector.utils import collect_ec_item_metadata
 
         items = collect_ec_item_metadata(request.mm_features, self._metadata)
-        return False, self._desk.publish({key: item["metadata"] for key, item in items.items()})
+        return {key: item["metadata"] for key, item in items.items()}
 
     def has_pending_push_work(self) -> bool:
-        if self._scheduler is None:
+        if not self._on_scheduler:
             return False
-        if self._fetcher is not None:
-            self._fetcher.poll()
-            if self._fetcher.has_pending_work():
-                return True
-        return self._scheduler.has_pending_work()
+        supply = self._supply
+        supply.poll()
+        return supply.has_pending_work() or self._scheduler.has_pending_work()
 
     def get_ec_connector_stats(self) -> ECTierStats | None:
-        if self._scheduler is None:
+        if not self._on_scheduler:
             return None
-        tier = self._scheduler.snapshot()
-        counters, samples, occupancy = tier.counters, tier.samples, tier.occupancy
-        if self._desk is not None or self._fetcher is not None:
-            # Peer counters have one writer each (this thread, or the desk's I/O thread for its
-            # grant counters) and their latencies are observed on this thread: no lock is needed.
-            peer = self._container.peer_stats()
-            counters.update({f"peer_{k}": v for k, v in peer.as_dict().items()})
-            samples.update(peer.latencies.take())
-        events = self._container.events()
-        counters["events_published"] = getattr(events, "published", 0)
-        counters["events_dropped"] = getattr(events, "dropped", 0)
-        delta = {k: v - self._reported.get(k, 0) for k, v in counters.items()}
-        self._reported = counters
-        stats = ECTierStats(
-            data={
-                **delta,
-                **{f"{k}_seconds": v for k, v in samples.items()},
-                "entries": occupancy.entries,
-                "used_blocks": occupancy.used_blocks,
-                "free_blocks": occupancy.free_blocks,
-                "used_bytes": occupancy.used_bytes,
-                "capacity_bytes": occupancy.capacity_bytes,
-            }
-        )
+        stats = ECTierStats(data=self._stats.report())
         return None if stats.is_empty() else stats
 
     @classmethod
@@ -213,6 +207,46 @@ class ECTierConnector(ECConnectorBase):
     # -- both -------------------------------------------------------------------------------
 
     def shutdown(self) -> None:
-        if self._worker is not None:
+        if not self._on_scheduler:
             self._worker.close()
         self._container.shutdown_resources()
+
+
+class _Lazy(Sequence[WantedItem]):
+    """A request's wanted items, listed at first read."""
+
+    def __init__(self, make: Callable[[], list[WantedItem]]) -> None:
+        self._make = make
+
+    @functools.cached_property
+    def _items(self) -> list[WantedItem]:
+        return self._make()
+
+    def __getitem__(self, index: Any) -> Any:
+        return self._items[index]
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def __iter__(self) -> Iterator[WantedItem]:
+        return iter(self._items)
+
+
+class _LazyMapping(Mapping[str, Any]):
+    """A finished request's item metadata (identifier -> placeholder metadata), collected at first read."""
+
+    def __init__(self, make: Callable[[], dict[str, Any]]) -> None:
+        self._make = make
+
+    @functools.cached_property
+    def _items(self) -> dict[str, Any]:
+        return self._make()
+
+    def __getitem__(self, key: str) -> Any:
+        return self._items[key]
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._items)

@@ -1,19 +1,19 @@
-"""Translate a `VllmConfig` (and this process's place in the engine) into container settings."""
+"""Translate a `VllmConfig` (and this process's place in the engine) into container settings.
+
+The extra config arrives parsed (`container.parse_settings`, called once by the connector); these
+functions add what the engine decides: the encoder row, the ranks, the instance, the side channel.
+"""
 
 from __future__ import annotations
 
 import os
 from typing import Any
 
-from ec_connector.domain.config import parse_config, side_channel_from_env
+from ec_connector.adapters.zmq_settings import side_channel_from_env
+from ec_connector.container import Settings
 from ec_connector.domain.errors import ConfigError
 from ec_connector.domain.layout import DTYPE_ITEMSIZE, fingerprint, model_hidden_dim
 from ec_connector.entrypoints.vllm.compat import check_row_width
-
-NIXL_MISSING = (
-    "ec_enable_nixl requires NIXL; install the nixl package or remove ec_enable_nixl from "
-    "ec_connector_extra_config."
-)
 
 
 def encoder_row(vllm_config: Any) -> tuple[int, str]:
@@ -53,16 +53,15 @@ def data_parallel_index(vllm_config: Any) -> int:
     return int(getattr(parallel, "data_parallel_index", parallel.data_parallel_rank))
 
 
-def base_settings(vllm_config: Any) -> dict[str, Any]:
-    """Settings shared by the scheduler side and the worker side of one instance."""
+def base_settings(vllm_config: Any, config: Settings) -> dict[str, Any]:
+    """Settings shared by the scheduler side and the worker side of one instance (`config`: its
+    extra config, parsed)."""
     ec = vllm_config.ec_transfer_config
-    extra = ec.ec_connector_extra_config
     hidden, dtype = encoder_row(vllm_config)
     ranks = parallel_ranks(vllm_config)
     dp_rank = data_parallel_index(vllm_config)
     p2p: dict[str, Any] = {}
-    config = parse_config(extra, role=ec.ec_role)
-    if config.enable_nixl:
+    if config.tier.enable_nixl:
         import vllm
 
         p2p["fingerprint"] = fingerprint(
@@ -71,13 +70,11 @@ def base_settings(vllm_config: Any) -> dict[str, Any]:
             dtype=dtype,
             block_size_bytes=hidden * DTYPE_ITEMSIZE[dtype],
         )
-        if config.role.saves:
+        if config.tier.role.saves:
             side = side_channel_from_env(os.environ).for_rank(dp_rank)
             p2p.update(side_host=side.host, side_port=side.port)
     return {
         **p2p,
-        "role": ec.ec_role,
-        "extra": dict(extra) if isinstance(extra, dict) else extra,
         "instance": ec.engine_id,
         "dp_rank": dp_rank,
         "hidden_dim": hidden,
@@ -87,11 +84,11 @@ def base_settings(vllm_config: Any) -> dict[str, Any]:
     }
 
 
-def scheduler_settings(vllm_config: Any) -> dict[str, Any]:
-    return {**base_settings(vllm_config), "slot": 0, "rank": 0, "writer": False, "device": "cpu"}
+def scheduler_settings(vllm_config: Any, config: Settings) -> dict[str, Any]:
+    return {**base_settings(vllm_config, config), "slot": 0, "rank": 0, "writer": False, "device": "cpu"}
 
 
-def worker_settings(vllm_config: Any) -> dict[str, Any]:
+def worker_settings(vllm_config: Any, config: Settings) -> dict[str, Any]:
     from vllm.distributed import parallel_state
 
     tp_rank = parallel_state.get_tensor_model_parallel_rank()
@@ -99,20 +96,12 @@ def worker_settings(vllm_config: Any) -> dict[str, Any]:
     pcp_rank = _pcp_rank(parallel_state)
     rank = pcp_rank * tp_size + tp_rank
     return {
-        **base_settings(vllm_config),
+        **base_settings(vllm_config, config),
         "slot": 1 + rank,
         "rank": rank,
         "writer": rank == 0,
         "device": _device(vllm_config),
     }
-
-
-def require_nixl() -> None:
-    """Fail with the documented error when NIXL is enabled but cannot be imported."""
-    try:
-        import nixl._api  # noqa: F401
-    except ImportError as err:
-        raise RuntimeError(NIXL_MISSING) from err
 
 
 def _pcp_rank(parallel_state: Any) -> int:

@@ -1,0 +1,109 @@
+"""What the scheduler side offers vLLM's scheduler-side hooks: one object per part, none optional.
+
+A role that pulls from peers gets a ConsumerFetcher as its `supply`, others a LocalSupply; a role
+that serves peers gets a ProducerDesk as its `publisher`, others a NoPublisher. The container picks
+them (container.py); the entry point calls them the same way in every mode. StatsService reads the
+counters of every part into one report.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from ec_connector.application.consumer import WantedItem
+from ec_connector.application.scheduler import TierScheduler
+from ec_connector.application.stats import PeerStats
+from ec_connector.ports.runtime import EventSink
+
+
+class Supply(Protocol):
+    """Makes a request's items available before it is scheduled (ConsumerFetcher's contract)."""
+
+    def poll(self) -> None: ...
+
+    def ensure_available(self, request_id: str, params: object, items: Sequence[WantedItem]) -> bool: ...
+
+    def take_unavailable(self) -> set[str]: ...
+
+    def has_pending_work(self) -> bool: ...
+
+
+class Publisher(Protocol):
+    """Offers a finished request's items to peers (ProducerDesk's contract)."""
+
+    def publish(self, items: Mapping[str, Mapping[str, Any]]) -> dict[str, dict[str, Any]] | None: ...
+
+
+class LocalSupply:
+    """The supply of a role that does not pull from peers: every item is available at once (a miss
+    is encoded by the worker), so `items` is never read."""
+
+    def poll(self) -> None:
+        pass
+
+    def ensure_available(self, request_id: str, params: object, items: Sequence[WantedItem]) -> bool:
+        return True
+
+    def take_unavailable(self) -> set[str]:
+        return set()
+
+    def has_pending_work(self) -> bool:
+        return False
+
+
+class NoPublisher:
+    """The publisher of a role that does not serve peers: a finished request publishes no
+    `ec_transfer_params`, and `items` is never read."""
+
+    def publish(self, items: Mapping[str, Mapping[str, Any]]) -> None:
+        return None
+
+
+@dataclass(frozen=True, slots=True)
+class SchedulerSide:
+    """The services behind vLLM's scheduler-side hooks."""
+
+    tier: TierScheduler
+    supply: Supply
+    publisher: Publisher
+
+
+class StatsService:
+    """One report of the scheduler side's counters for vLLM's stats path (`report`).
+
+    Counters are reported as increments since the previous report (vLLM sums them); latencies as
+    the samples observed since then; occupancy as gauges. Peer counters are included where the role
+    has a P2P service (`peer` given). Peer counters have one writer each (the step thread, or the
+    desk's I/O thread for its grant counters) and their latencies are observed on the step thread,
+    so they are read without a lock; the tier's are read under its own (`TierScheduler.snapshot`).
+    """
+
+    def __init__(self, tier: TierScheduler, events: EventSink, peer: PeerStats | None = None) -> None:
+        self._tier = tier
+        self._events = events
+        self._peer = peer
+        self._reported: dict[str, int] = {}
+
+    def report(self) -> dict[str, Any]:
+        """Counter increments, `<name>_seconds` latency samples and occupancy gauges, by name."""
+        tier = self._tier.snapshot()
+        counters, samples, occupancy = tier.counters, tier.samples, tier.occupancy
+        if self._peer is not None:
+            counters.update({f"peer_{k}": v for k, v in self._peer.as_dict().items()})
+            samples.update(self._peer.latencies.take())
+        # the event sinks that count (ZmqEventSink) expose `published` and `dropped`; LogEventSink does not
+        counters["events_published"] = getattr(self._events, "published", 0)
+        counters["events_dropped"] = getattr(self._events, "dropped", 0)
+        delta = {k: v - self._reported.get(k, 0) for k, v in counters.items()}
+        self._reported = counters
+        return {
+            **delta,
+            **{f"{k}_seconds": v for k, v in samples.items()},
+            "entries": occupancy.entries,
+            "used_blocks": occupancy.used_blocks,
+            "free_blocks": occupancy.free_blocks,
+            "used_bytes": occupancy.used_bytes,
+            "capacity_bytes": occupancy.capacity_bytes,
+        }
