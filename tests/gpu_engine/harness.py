@@ -7,19 +7,14 @@ compile workers of its own) and the test fails with the tail of the engine's log
 
 from __future__ import annotations
 
-import base64
 import contextlib
 import json
 import os
-import random
 import re
 import signal
-import socket
-import struct
 import subprocess
 import time
 import urllib.request
-import zlib
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 
@@ -147,30 +142,6 @@ def wait_until(
 def region_files(engine_id: str) -> list[Path]:
     """The connector's region files of `engine_id` in /dev/shm (one per data-parallel rank)."""
     return sorted(SHM.glob(f"vllm_ec_{engine_id}_dp*.mmap"))
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def png(seed: int, size: tuple[int, int]) -> str:
-    """A noise PNG as a data URL (stdlib only)."""
-    width, height = size
-    rng = random.Random(seed)
-    rows = b"".join(b"\x00" + rng.randbytes(width * 3) for _ in range(height))
-
-    def chunk(kind: bytes, data: bytes) -> bytes:
-        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
-
-    raw = (
-        b"\x89PNG\r\n\x1a\n"
-        + chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0))
-        + chunk(b"IDAT", zlib.compress(rows))
-        + chunk(b"IEND", b"")
-    )
-    return "data:image/png;base64," + base64.b64encode(raw).decode()
 
 
 def post_json(url: str, body: dict, timeout_s: float = 120) -> tuple[int, dict]:

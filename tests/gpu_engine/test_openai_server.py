@@ -17,8 +17,10 @@ from pathlib import Path
 
 import pytest
 
+from tests.chat_requests import chat_body, free_port, png
+
 from .conftest import Target
-from .harness import engine_env, free_port, png, post_json, region_files, scrape, serving
+from .harness import engine_env, post_json, region_files, scrape, serving
 
 SIZES = [(100, 80), (112, 112), (84, 112), (98, 98)]  # 12-16 image tokens: one fills vLLM's 16 rows
 WORKLOAD = [0, 1, 0, 2, 1, 3, 0, 2]  # one image per request; every repeat follows another image
@@ -27,24 +29,6 @@ SMALL_CACHE = {
     "encoder_cache_manager_cls": "suite_engine.SmallEncoderCache",
     "manager_config": {"cache_size": 16},
 }
-
-
-def chat_body(image: str) -> dict:
-    return {
-        "model": "tiny",
-        "messages": [
-            {
-                "role": "user",
-                "content": [
-                    {"type": "image_url", "image_url": {"url": image}},
-                    {"type": "text", "text": "Describe."},
-                ],
-            }
-        ],
-        "max_tokens": 4,
-        "temperature": 0.0,
-        "ignore_eos": True,
-    }
 
 
 def value(metrics: dict, name: str, **labels: str) -> float:

@@ -17,10 +17,11 @@ import zmq
 
 from ec_connector.adapters.zmq_control.events import decode_event
 from ec_connector.domain.transfers import EventKind
+from tests.chat_requests import free_port, png
 
 from .openai_server import running_server, server_command, server_env
 from .test_local_tier_engine import region_files
-from .test_metrics_engine import SIZES, chat, free_port, png, scrape
+from .test_metrics_engine import SIZES, chat, scrape
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 

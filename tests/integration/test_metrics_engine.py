@@ -14,14 +14,10 @@ run implies; a SUB socket on the feed sees the engine's stored and evicted event
 from __future__ import annotations
 
 import json
-import random
 import re
-import socket
-import struct
 import time
 import urllib.request
 import uuid
-import zlib
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -30,6 +26,7 @@ import zmq
 
 from ec_connector.adapters.zmq_control.events import decode_event
 from ec_connector.domain.transfers import EventKind
+from tests.chat_requests import chat_body, free_port, png
 
 from .openai_server import running_server, server_command, server_env
 
@@ -44,48 +41,8 @@ BOTH_LABELS = ("model_name", "engine")  # on every series: left out of the print
 CPU_BYTES = 10 << 10  # ~40 rows: fewer than the 5 images need, so older entries are evicted
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def png(seed: int, size: tuple[int, int]) -> str:
-    """A noise PNG as a data URL (stdlib only: the test venv has no PIL)."""
-    width, height = size
-    rng = random.Random(seed)
-    rows = b"".join(b"\x00" + rng.randbytes(width * 3) for _ in range(height))
-
-    def chunk(kind: bytes, data: bytes) -> bytes:
-        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
-
-    raw = (
-        b"\x89PNG\r\n\x1a\n"
-        + chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0))
-        + chunk(b"IDAT", zlib.compress(rows))
-        + chunk(b"IEND", b"")
-    )
-    import base64
-
-    return "data:image/png;base64," + base64.b64encode(raw).decode()
-
-
 def chat(port: int, image: str) -> dict:
-    body = {
-        "model": "tiny",
-        "messages": [
-            {
-                "role": "user",
-                "content": [
-                    {"type": "image_url", "image_url": {"url": image}},
-                    {"type": "text", "text": "Describe."},
-                ],
-            }
-        ],
-        "max_tokens": 4,
-        "temperature": 0.0,
-        "ignore_eos": True,
-    }
+    body = chat_body(image)
     req = urllib.request.Request(
         f"http://127.0.0.1:{port}/v1/chat/completions",
         data=json.dumps(body).encode(),
