@@ -176,20 +176,7 @@ class TinyLfuS3FifoPolicy(S3FifoPolicy):
         super().read(entry)
         self.sketch.add(entry.key)
 
-    def victims(self, needed: int, protect: Container[str]) -> list[Entry]:
-        victims: list[Entry] = []
-        while needed > 0:
-            victim = None
-            if self._rows[_SMALL] >= self._small_target or not self._live[_MAIN]:
-                victim = self._filter_small(protect)
-            if victim is None:
-                victim = self._from_main(protect) or self._from_small(protect)
-            assert victim is not None, "victims() called with too few evictable blocks"
-            victims.append(victim)
-            needed -= victim.rows
-        return victims
-
-    def _filter_small(self, protect: Container[str]) -> Entry | None:
+    def _small_victim(self, protect: Container[str]) -> Entry | None:
         """The small queue's first entries meet the main queue's next victim until one of them
         loses and is evicted (returned). None when a whole round of the small queue finds none."""
         queue = self._queues[_SMALL]

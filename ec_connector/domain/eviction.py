@@ -215,13 +215,17 @@ class S3FifoPolicy:
         while needed > 0:
             victim = None
             if self._rows[_SMALL] >= self._small_target or not self._live[_MAIN]:
-                victim = self._from_small(protect)
+                victim = self._small_victim(protect)
             if victim is None:
                 victim = self._from_main(protect) or self._from_small(protect)
             assert victim is not None, "victims() called with too few evictable blocks"
             victims.append(victim)
             needed -= victim.rows
         return victims
+
+    def _small_victim(self, protect: Container[str]) -> Entry | None:
+        """The victim taken from the small queue while it is over its share (a variant may filter)."""
+        return self._from_small(protect)
 
     def queued(self) -> int:
         return len(self._queues[_SMALL]) + len(self._queues[_MAIN])
