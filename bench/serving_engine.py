@@ -294,30 +294,48 @@ def engine_kwargs(spec: dict) -> dict:
     return kw
 
 
-def main() -> int:
+def child_setup() -> tuple[dict, Results, str]:
+    """A child's spec, its results file and the hook folder bench/serving.py set up for it."""
     spec = json.loads(Path(sys.argv[1]).read_text())
-    out = Results(spec["results"])
     hook_dir = os.environ.get(HOOK_DIR_ENV)
     if not hook_dir:
         raise SystemExit(f"{HOOK_DIR_ENV} is not set: start this through bench/serving.py")
+    return spec, Results(spec["results"]), hook_dir
 
+
+def skipped_upstream(spec: dict, out: Results, engine_kwargs: dict) -> bool:
+    """True (and the reason recorded) when this is the upstream arm and vLLM's ECCPUConnector
+    cannot run in an engine built from `engine_kwargs`."""
+    if spec["arm"] != "upstream":
+        return False
     from vllm.engine.arg_utils import AsyncEngineArgs
 
-    engine_args = AsyncEngineArgs(**engine_kwargs(spec))
-    if spec["arm"] == "upstream":
-        reason = upstream_refusal(engine_args)
-        if reason:
-            out.write("skipped", reason=reason)
-            say(f"upstream skipped: {reason}")
-            return EXIT_SKIPPED
-    asyncio.run(run_engine(spec, out, hook_dir, engine_args))
+    reason = upstream_refusal(AsyncEngineArgs(**engine_kwargs))
+    if reason:
+        out.write("skipped", reason=reason)
+        say(f"upstream skipped: {reason}")
+    return reason is not None
+
+
+def exit_child(main: Callable[[], int]) -> None:
+    """Run a child's main and leave without the interpreter's teardown of vLLM's threads and
+    modules (the engines are shut down by then)."""
+    code = main()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+def main() -> int:
+    spec, out, hook_dir = child_setup()
+    if skipped_upstream(spec, out, engine_kwargs(spec)):
+        return EXIT_SKIPPED
+    from vllm.engine.arg_utils import AsyncEngineArgs
+
+    asyncio.run(run_engine(spec, out, hook_dir, AsyncEngineArgs(**engine_kwargs(spec))))
     out.write("done")
     return 0
 
 
 if __name__ == "__main__":
-    code = main()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    # The engine is shut down; skip the interpreter's teardown of vLLM's threads and modules.
-    os._exit(code)
+    exit_child(main)

@@ -21,7 +21,6 @@ Output and exit codes as bench/serving_engine.py.
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import socket
 import sys
@@ -34,17 +33,19 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.serving_engine import (  # noqa: E402
     EXIT_SKIPPED,
     Results,
+    child_setup,
     drive,
     encoder_items,
+    exit_child,
     make_image,
     prompt_for,
     sampling,
     say,
+    skipped_upstream,
     stream,
     summarize,
-    upstream_refusal,
 )
-from bench.serving_hook import ENGINE_ENV, HOOK_DIR_ENV  # noqa: E402
+from bench.serving_hook import ENGINE_ENV  # noqa: E402
 from bench.serving_workload import Workload  # noqa: E402
 
 
@@ -174,28 +175,13 @@ async def serve(spec: dict, out: Results, hook_dir: str) -> None:
 
 
 def main() -> int:
-    spec = json.loads(Path(sys.argv[1]).read_text())
-    out = Results(spec["results"])
-    hook_dir = os.environ.get(HOOK_DIR_ENV)
-    if not hook_dir:
-        raise SystemExit(f"{HOOK_DIR_ENV} is not set: start this through bench/serving.py")
-    if spec["arm"] == "upstream":
-        from vllm.engine.arg_utils import AsyncEngineArgs
-
-        reason = upstream_refusal(
-            AsyncEngineArgs(**{**spec["engine"], "ec_transfer_config": spec["connector"]})
-        )
-        if reason:
-            out.write("skipped", reason=reason)
-            say(f"upstream skipped: {reason}")
-            return EXIT_SKIPPED
+    spec, out, hook_dir = child_setup()
+    if skipped_upstream(spec, out, {**spec["engine"], "ec_transfer_config": spec["connector"]}):
+        return EXIT_SKIPPED
     asyncio.run(serve(spec, out, hook_dir))
     out.write("done")
     return 0
 
 
 if __name__ == "__main__":
-    code = main()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
+    exit_child(main)
