@@ -36,6 +36,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.copy_bandwidth import aged  # noqa: E402
+from ec_connector.adapters.torch_copy.copier import DMA_MIN_BYTES  # noqa: E402
 from ec_connector.adapters.torch_copy.cuda import FEW_RUNS, FEW_RUNS_SAVE, FEW_SHORT, MIXED_MIN_RUNS  # noqa: E402
 from ec_connector.adapters.torch_copy.native import build as native  # noqa: E402
 from ec_connector.adapters.torch_copy.native.batchplan import BatchPlanner, Queue  # noqa: E402
@@ -50,7 +51,7 @@ int ec_noop_batch(void *d, void *s, void *n, size_t count, void *a, void *i, siz
     return 0;
 }
 """
-BATCH, ROW_BYTES, DMA_MIN_BYTES = 32, 7168, 256 * 1024
+BATCH, ROW_BYTES = 32, 7168
 ENTRIES = {"64 rows": 64, "1 MiB": 146, "16 MiB": 2340}
 
 

@@ -9,12 +9,15 @@ import torch
 from ec_connector.adapters.torch_copy.cpu import CpuEngine
 from ec_connector.adapters.torch_copy.cuda import CudaEngine
 from ec_connector.adapters.torch_copy.plan import CopyTiming
+from ec_connector.domain.config import MIN_RUN_BYTES
 from ec_connector.domain.errors import LayoutMismatch, RegionError
 from ec_connector.domain.layout import Layout
 from ec_connector.domain.transfers import PlannedCopy, SaveJob
 from ec_connector.ports.region import Region
 
-DMA_MIN_BYTES = 256 * 1024  # measured break-even between the copy engines and the kernel (H200)
+# Runs this long or longer go to the copy engines, shorter ones to the gather kernel (the measured
+# break-even on the H200); the tier's run floor defaults to the same figure, so it is defined once.
+DMA_MIN_BYTES = MIN_RUN_BYTES
 
 
 class TorchCopier:
