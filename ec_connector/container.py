@@ -55,8 +55,16 @@ from ec_connector.application.roles import (
     Supply,
 )
 from ec_connector.application.stats import PeerStats
+from ec_connector.domain.config import (
+    FLEET_KEYS,
+    ConnectorConfig,
+    FleetConfig,
+    Role,
+    as_mapping,
+    parse_config,
+    parse_fleet_config,
+)
 from ec_connector.domain.config import KNOWN_KEYS as TIER_KEYS
-from ec_connector.domain.config import ConnectorConfig, Role, as_mapping, parse_config
 from ec_connector.domain.layout import Layout
 from ec_connector.ports.control import ControlClient, ControlServer
 from ec_connector.ports.copier import Copier
@@ -72,6 +80,7 @@ class Settings:
     tier: ConnectorConfig
     nixl: NixlSettings
     zmq: ZmqSettings
+    fleet: FleetConfig = FleetConfig()
 
     @property
     def p2p_loads(self) -> bool:
@@ -84,16 +93,21 @@ class Settings:
         return self.tier.enable_nixl and self.tier.role.saves
 
 
-KNOWN_KEYS = TIER_KEYS | NIXL_KEYS | ZMQ_KEYS
+KNOWN_KEYS = TIER_KEYS | NIXL_KEYS | ZMQ_KEYS | FLEET_KEYS
 """Every key `ec_connector_extra_config` accepts."""
 
 
 def parse_settings(extra: object, *, role: object) -> Settings:
     """`ec_connector_extra_config` for `role`, read once by the entry point: each part parses its
     own keys; a key no part knows is rejected, naming every accepted key (ConfigError)."""
-    tier = parse_config(extra, role=role, other_keys=NIXL_KEYS | ZMQ_KEYS)
+    tier = parse_config(extra, role=role, other_keys=NIXL_KEYS | ZMQ_KEYS | FLEET_KEYS)
     mapping: Mapping[str, Any] = as_mapping(extra)
-    return Settings(tier=tier, nixl=parse_nixl_settings(mapping), zmq=parse_zmq_settings(mapping))
+    return Settings(
+        tier=tier,
+        nixl=parse_nixl_settings(mapping),
+        zmq=parse_zmq_settings(mapping),
+        fleet=parse_fleet_config(mapping, tier),
+    )
 
 
 def _layout(config: ConnectorConfig, hidden_dim: int, dtype: str) -> Layout:

@@ -75,6 +75,10 @@ class ConnectorConfig:
     eviction: str = DEFAULT_POLICY
     """The tier's eviction policy (`ec_eviction`): "s3fifo" (default) or "fifo" (vLLM's
     EmbeddingCache order, for drop-in parity); docs/eviction.md compares them."""
+    tenant_scopes: bool = True
+    """Keep the entries of requests with different `cache_salt`s apart (`tenant_scopes`): a salted
+    request's items are stored and looked up under keys of its salt's scope (domain/scope.py);
+    unsalted requests use vLLM's identifiers unchanged. False: one key per identifier, as vLLM."""
 
 
 _SECONDS_KEYS = (
@@ -95,6 +99,7 @@ KNOWN_KEYS = frozenset(
         "ec_min_run_bytes",
         "ec_max_entry_runs",
         "ec_eviction",
+        "tenant_scopes",
         *_SECONDS_KEYS,
     }
 )
@@ -216,6 +221,8 @@ def parse_config(extra: object, *, role: object, other_keys: frozenset[str] = fr
         fields["max_entry_runs"] = parse_max_entry_runs(extra["ec_max_entry_runs"])
     if "ec_eviction" in extra:
         fields["eviction"] = parse_choice("ec_eviction", extra["ec_eviction"], POLICIES)
+    if "tenant_scopes" in extra:
+        fields["tenant_scopes"] = parse_bool_flag("tenant_scopes", extra["tenant_scopes"])
     for key in _SECONDS_KEYS:
         if key in extra:
             fields[key] = parse_seconds(key, extra[key])
@@ -249,3 +256,159 @@ def rank_port(port: int, dp_rank: int, setting: str) -> int:
             "rank uses port + rank; lower the port, or set 0 for any free port"
         )
     return port + dp_rank
+
+
+# -- fleet sharing (docs/fleet.md) ------------------------------------------------------------
+
+_PEER_FIELDS = ("engine_id", "event_feed", "peer_host", "peer_port")
+_PEER_FORM = (
+    'a list of peers, each {"engine_id": str, "event_feed": "tcp://host:port", "peer_host": str, '
+    '"peer_port": int 1-65535}, with distinct engine_ids'
+)
+
+
+@dataclass(frozen=True, slots=True)
+class FleetPeer:
+    """A replica this one may pull from: its engine id (what its event feed publishes), where its
+    feed is bound, and its side channel."""
+
+    engine_id: str
+    event_feed: str
+    peer_host: str
+    peer_port: int
+
+
+@dataclass(frozen=True, slots=True)
+class FleetConfig:
+    """Fleet sharing's keys: the static peer list, the heartbeat bound, the pull rule's figures and
+    the directory's bounds. No peers: no fleet (nothing subscribed, nothing pulled)."""
+
+    peers: tuple[FleetPeer, ...] = ()
+    heartbeat_timeout_s: float = 3.0
+    encode_us_per_row: float = 10.0
+    read_gib_s: float = 3.5
+    pull_fixed_ms: float = 1.5
+    max_entries: int = 262_144
+    max_entries_per_peer: int = 65_536
+    max_pulls_in_flight: int = 64
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.peers)
+
+
+_FLEET_FIGURES = {
+    # key: (field, must be > 0 (else >= 0), example)
+    "fleet_encode_us_per_row": ("encode_us_per_row", False, "10.0"),
+    "fleet_read_gib_s": ("read_gib_s", True, "3.5"),
+    "fleet_pull_fixed_ms": ("pull_fixed_ms", False, "1.5"),
+}
+_FLEET_COUNTS = {
+    "fleet_max_entries": ("max_entries", "262144"),
+    "fleet_max_entries_per_peer": ("max_entries_per_peer", "65536"),
+    "fleet_max_pulls_in_flight": ("max_pulls_in_flight", "64"),
+}
+FLEET_KEYS = frozenset({"fleet_peers", "fleet_heartbeat_timeout_s", *_FLEET_FIGURES, *_FLEET_COUNTS})
+"""Fleet sharing's keys of `ec_connector_extra_config`."""
+
+
+def parse_fleet_config(extra: Mapping[str, Any], tier: ConnectorConfig) -> FleetConfig:
+    """The fleet keys of `extra` (already known to be a mapping) for a replica configured as `tier`.
+
+    Peers are refused where this replica cannot pull (NIXL off, or `ec_producer`): a fleet that
+    would silently do nothing is a configuration error."""
+    fields: dict[str, Any] = {}
+    if "fleet_peers" in extra:
+        fields["peers"] = _parse_peers(extra["fleet_peers"])
+    if "fleet_heartbeat_timeout_s" in extra:
+        fields["heartbeat_timeout_s"] = parse_seconds(
+            "fleet_heartbeat_timeout_s", extra["fleet_heartbeat_timeout_s"]
+        )
+    for key, (name, positive, example) in _FLEET_FIGURES.items():
+        if key in extra:
+            fields[name] = _parse_figure(key, extra[key], positive=positive, example=example)
+    for key, (name, example) in _FLEET_COUNTS.items():
+        if key in extra:
+            value = extra[key]
+            if isinstance(value, bool) or not isinstance(value, int) or not 0 < value < 1 << 31:
+                raise reject(key, value, f"an integer from 1 to 2147483647, e.g. {example}")
+            fields[name] = value
+    fleet = FleetConfig(**fields)
+    if fleet.max_entries_per_peer > fleet.max_entries:
+        raise reject(
+            "fleet_max_entries_per_peer",
+            fleet.max_entries_per_peer,
+            f"an integer <= fleet_max_entries ({fleet.max_entries})",
+        )
+    if fleet.peers and not (tier.enable_nixl and tier.role.loads):
+        raise reject(
+            "fleet_peers",
+            extra["fleet_peers"],
+            "[] (no fleet) for this replica: fleet pulls need ec_enable_nixl on and ec_role "
+            f"'ec_both' or 'ec_consumer' (here ec_enable_nixl={tier.enable_nixl}, "
+            f"ec_role={tier.role.value!r})",
+        )
+    return fleet
+
+
+def _parse_figure(key: str, value: object, *, positive: bool, example: str) -> float:
+    form = f"a finite number {'> 0' if positive else '>= 0'}, e.g. {example}"
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise reject(key, value, form)
+    try:
+        number = float(value)
+    except OverflowError:
+        raise reject(key, value, form) from None
+    if not math.isfinite(number) or number < 0 or (positive and number == 0):
+        raise reject(key, value, form)
+    return number
+
+
+def _parse_peers(value: object) -> tuple[FleetPeer, ...]:
+    if not isinstance(value, list):
+        raise reject("fleet_peers", value, _PEER_FORM)
+    peers = tuple(_parse_peer(n, item) for n, item in enumerate(value))
+    ids = [p.engine_id for p in peers]
+    if len(set(ids)) != len(ids):
+        duplicated = sorted({i for i in ids if ids.count(i) > 1})
+        raise reject("fleet_peers", value, f"{_PEER_FORM} (engine_id {duplicated[0]!r} is listed twice)")
+    return peers
+
+
+def _parse_peer(n: int, item: object) -> FleetPeer:
+    where = f"{EXTRA}['fleet_peers'][{n}]"
+    if not isinstance(item, Mapping):
+        raise ConfigError(f"{where} = {_shown(item)} is invalid: expected {_PEER_FORM}")
+    names = set(map(str, item))
+    if names != set(_PEER_FIELDS):
+        missing, unknown = sorted(set(_PEER_FIELDS) - names), sorted(names - set(_PEER_FIELDS))
+        what = "; ".join(
+            part
+            for part in (
+                f"missing {', '.join(map(repr, missing))}" if missing else "",
+                f"unknown {', '.join(map(repr, unknown))}" if unknown else "",
+            )
+            if part
+        )
+        raise ConfigError(
+            f"{where} = {_shown(item)} is invalid ({what}): expected exactly the keys "
+            f"{', '.join(_PEER_FIELDS)}"
+        )
+    texts = {}
+    for name in ("engine_id", "event_feed", "peer_host"):
+        text = item[name]
+        if not isinstance(text, str) or not text.strip():
+            raise ConfigError(f"{where}[{name!r}] = {_shown(text)} is invalid: expected a non-empty string")
+        texts[name] = text
+    if "://" not in texts["event_feed"]:
+        raise ConfigError(
+            f"{where}['event_feed'] = {_shown(texts['event_feed'])} is invalid: expected a ZMQ endpoint "
+            'such as "tcp://10.0.0.2:5610" (the peer\'s event_feed_address, reachable from here)'
+        )
+    port = item["peer_port"]
+    if isinstance(port, bool) or not isinstance(port, int) or not 0 < port < 65536:
+        raise ConfigError(
+            f"{where}['peer_port'] = {_shown(port)} is invalid: expected an integer port 1-65535 "
+            "(the peer's VLLM_EC_SIDE_CHANNEL_PORT)"
+        )
+    return FleetPeer(texts["engine_id"], texts["event_feed"], texts["peer_host"], port)

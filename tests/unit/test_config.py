@@ -16,7 +16,7 @@ from ec_connector.adapters.zmq_settings import (
     side_channel_from_env,
 )
 from ec_connector.container import KNOWN_KEYS, Settings, parse_settings
-from ec_connector.domain.config import ConnectorConfig, Role
+from ec_connector.domain.config import ConnectorConfig, FleetConfig, FleetPeer, Role
 from ec_connector.domain.errors import ConfigError
 from ec_connector.domain.layout import Layout
 
@@ -37,10 +37,12 @@ ALL_KEYS = (
     "announce_lease_s, consumer_ack_timeout_s, ec_cpu_bytes, ec_enable_nixl, ec_eviction, ec_max_entry_runs, "
     "ec_min_run_bytes, "
     "event_feed_address, "
+    "fleet_encode_us_per_row, fleet_heartbeat_timeout_s, fleet_max_entries, fleet_max_entries_per_peer, "
+    "fleet_max_pulls_in_flight, fleet_peers, fleet_pull_fixed_ms, fleet_read_gib_s, "
     "nixl_backend, nixl_consumer_progress_thread, nixl_read_lanes, not_ready_backoff_max_s, "
     "not_ready_backoff_s, not_ready_give_up_s, producer_pin_lease_s, quarantine_s, read_timeout_s, "
     "save_lease_s, "
-    "side_channel_secret, ucx_error_mode"
+    "side_channel_secret, tenant_scopes, ucx_error_mode"
 )
 
 
@@ -66,7 +68,7 @@ def _rejects(message: str):
 def test_minimal_config_takes_every_documented_default():
     settings = parse_settings({"ec_cpu_bytes": GIB}, role="ec_consumer")
     assert settings == Settings(
-        ConnectorConfig(role=Role.CONSUMER, cpu_bytes=GIB), NixlSettings(), ZmqSettings()
+        ConnectorConfig(role=Role.CONSUMER, cpu_bytes=GIB), NixlSettings(), ZmqSettings(), FleetConfig()
     )
     config = settings.tier
     assert config.enable_nixl is False
@@ -87,6 +89,14 @@ def test_minimal_config_takes_every_documented_default():
     assert settings.zmq.event_feed_address is None
     assert config.min_run_bytes == 256 * 1024
     assert config.max_entry_runs == 4
+    assert config.tenant_scopes is True
+    fleet = settings.fleet
+    assert fleet.peers == () and not fleet.enabled
+    assert fleet.heartbeat_timeout_s == 3.0
+    assert fleet.encode_us_per_row == 10.0
+    assert fleet.read_gib_s == 3.5
+    assert fleet.pull_fixed_ms == 1.5
+    assert (fleet.max_entries, fleet.max_entries_per_peer, fleet.max_pulls_in_flight) == (262_144, 65_536, 64)
 
 
 def test_known_keys_are_ec_cpu_bytes_nixl_and_every_design_key():
@@ -570,3 +580,158 @@ def test_env_and_layout_config_errors_are_value_errors():
     with pytest.raises(ValueError):
         Layout.for_budget(1, hidden_dim=8, dtype="float32")
     assert issubclass(ConfigError, ValueError)
+
+
+# --- tenant scopes and the fleet ---------------------------------------------------------------
+
+PEER = {
+    "engine_id": "replica-b",
+    "event_feed": "tcp://10.0.0.2:5610",
+    "peer_host": "10.0.0.2",
+    "peer_port": 5601,
+}
+PEER_FORM = (
+    'a list of peers, each {"engine_id": str, "event_feed": "tcp://host:port", "peer_host": str, '
+    '"peer_port": int 1-65535}, with distinct engine_ids'
+)
+
+
+def _fleet(role: str = "ec_both", **extra):
+    return parse_settings({**BASE, "ec_enable_nixl": True, **extra}, role=role).fleet
+
+
+@pytest.mark.parametrize(("raw", "expected"), [(False, False), ("false", False), ("yes", True), (True, True)])
+def test_tenant_scopes_is_a_flag(raw, expected):
+    assert _parse(tenant_scopes=raw).tenant_scopes is expected
+
+
+def test_tenant_scopes_rejects_a_number():
+    with _rejects(
+        "ec_connector_extra_config['tenant_scopes'] = 1 is invalid: expected a bool or a string "
+        '("true", "1", "yes" enable; anything else disables)'
+    ):
+        _parse(tenant_scopes=1)
+
+
+@pytest.mark.parametrize("role", ["ec_both", "ec_consumer"])
+def test_fleet_peers_are_parsed_for_a_replica_that_pulls(role):
+    fleet = _fleet(role, fleet_peers=[PEER, {**PEER, "engine_id": "replica-c", "peer_port": 5602}])
+    assert fleet.enabled
+    assert fleet.peers == (
+        FleetPeer("replica-b", "tcp://10.0.0.2:5610", "10.0.0.2", 5601),
+        FleetPeer("replica-c", "tcp://10.0.0.2:5610", "10.0.0.2", 5602),
+    )
+
+
+def test_fleet_figures_and_bounds_are_read():
+    fleet = _fleet(
+        fleet_heartbeat_timeout_s=1,
+        fleet_encode_us_per_row=0,
+        fleet_read_gib_s=0.6,
+        fleet_pull_fixed_ms=0,
+        fleet_max_entries=100,
+        fleet_max_entries_per_peer=100,
+        fleet_max_pulls_in_flight=1,
+    )
+    assert fleet == FleetConfig(
+        heartbeat_timeout_s=1.0,
+        encode_us_per_row=0.0,
+        read_gib_s=0.6,
+        pull_fixed_ms=0.0,
+        max_entries=100,
+        max_entries_per_peer=100,
+        max_pulls_in_flight=1,
+    )
+
+
+@pytest.mark.parametrize(
+    ("extra", "role", "reason"),
+    [
+        ({"ec_enable_nixl": False}, "ec_both", "ec_enable_nixl=False, ec_role='ec_both'"),
+        ({}, "ec_producer", "ec_enable_nixl=True, ec_role='ec_producer'"),
+    ],
+)
+def test_fleet_peers_are_refused_where_the_replica_cannot_pull(extra, role, reason):
+    shown = str([PEER])[:77] + "..."  # values are shown cut to 80 characters
+    with _rejects(
+        f"ec_connector_extra_config['fleet_peers'] = {shown} is invalid: expected [] (no fleet) for this "
+        "replica: fleet pulls need ec_enable_nixl on and ec_role 'ec_both' or 'ec_consumer' "
+        f"(here {reason})"
+    ):
+        parse_settings({**BASE, "ec_enable_nixl": True, **extra, "fleet_peers": [PEER]}, role=role)
+
+
+@pytest.mark.parametrize(
+    ("peers", "message"),
+    [
+        ({"a": 1}, "['fleet_peers'] = {'a': 1} is invalid: expected " + PEER_FORM),
+        (
+            [PEER, PEER],
+            "['fleet_peers'] = "
+            + str([PEER, PEER])[:77]
+            + "... is invalid: expected "
+            + PEER_FORM
+            + " (engine_id 'replica-b' is listed twice)",
+        ),
+        (["x"], "['fleet_peers'][0] = 'x' is invalid: expected " + PEER_FORM),
+        (
+            [{"engine_id": "b", "peer_host": "h", "peer_port": 1, "port": 2}],
+            "['fleet_peers'][0] = {'engine_id': 'b', 'peer_host': 'h', 'peer_port': 1, 'port': 2} is invalid "
+            "(missing 'event_feed'; unknown 'port'): expected exactly the keys engine_id, event_feed, "
+            "peer_host, peer_port",
+        ),
+        (
+            [{**PEER, "engine_id": " "}],
+            "['fleet_peers'][0]['engine_id'] = ' ' is invalid: expected a non-empty string",
+        ),
+        (
+            [{**PEER, "peer_host": 7}],
+            "['fleet_peers'][0]['peer_host'] = 7 is invalid: expected a non-empty string",
+        ),
+        (
+            [{**PEER, "event_feed": "10.0.0.2:5610"}],
+            "['fleet_peers'][0]['event_feed'] = '10.0.0.2:5610' is invalid: expected a ZMQ endpoint such as "
+            '"tcp://10.0.0.2:5610" (the peer\'s event_feed_address, reachable from here)',
+        ),
+        (
+            [{**PEER, "peer_port": 0}],
+            "['fleet_peers'][0]['peer_port'] = 0 is invalid: expected an integer port 1-65535 "
+            "(the peer's VLLM_EC_SIDE_CHANNEL_PORT)",
+        ),
+        (
+            [{**PEER, "peer_port": True}],
+            "['fleet_peers'][0]['peer_port'] = True is invalid: expected an integer port 1-65535 "
+            "(the peer's VLLM_EC_SIDE_CHANNEL_PORT)",
+        ),
+    ],
+)
+def test_bad_fleet_peers_are_rejected_naming_the_peer_and_field(peers, message):
+    with _rejects("ec_connector_extra_config" + message):
+        _fleet(fleet_peers=peers)
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "form"),
+    [
+        ("fleet_heartbeat_timeout_s", 0, "a finite number of seconds > 0, e.g. 2.0"),
+        ("fleet_read_gib_s", 0, "a finite number > 0, e.g. 3.5"),
+        ("fleet_read_gib_s", "fast", "a finite number > 0, e.g. 3.5"),
+        ("fleet_encode_us_per_row", -1, "a finite number >= 0, e.g. 10.0"),
+        ("fleet_encode_us_per_row", math.inf, "a finite number >= 0, e.g. 10.0"),
+        ("fleet_pull_fixed_ms", True, "a finite number >= 0, e.g. 1.5"),
+        ("fleet_max_entries", 0, "an integer from 1 to 2147483647, e.g. 262144"),
+        ("fleet_max_entries_per_peer", 1.5, "an integer from 1 to 2147483647, e.g. 65536"),
+        ("fleet_max_pulls_in_flight", 1 << 31, "an integer from 1 to 2147483647, e.g. 64"),
+    ],
+)
+def test_bad_fleet_figures_are_rejected(key, value, form):
+    with _rejects(f"ec_connector_extra_config[{key!r}] = {value!r} is invalid: expected {form}"):
+        _fleet(**{key: value})
+
+
+def test_per_peer_bound_above_the_directory_bound_is_rejected():
+    with _rejects(
+        "ec_connector_extra_config['fleet_max_entries_per_peer'] = 11 is invalid: expected an integer "
+        "<= fleet_max_entries (10)"
+    ):
+        _fleet(fleet_max_entries=10, fleet_max_entries_per_peer=11)
