@@ -21,7 +21,10 @@ Settings (of this process; the extra config comes parsed, as `config`):
     side_host, side_port  where a producer's control server listens and what it advertises (P2P)
 
 The event sink is the ZMQ event feed when `event_feed_address` is set (zmq is then imported, even in
-local mode), else LogEventSink.
+local mode), else LogEventSink. With `fleet_peers` set (ec_both or ec_consumer, NIXL on), the supply
+is a FleetFetcher in front of the consumer fetcher, fed by a PeerDirectory that a FleetUpdater keeps
+from every peer's event feed (ZmqFleetFeed, a resource: its thread starts with the supply and stops
+at `shutdown_resources`).
 """
 
 from __future__ import annotations
@@ -45,15 +48,19 @@ from ec_connector.adapters.zmq_settings import (
 from ec_connector.adapters.zmq_settings import KEYS as ZMQ_KEYS
 from ec_connector.application import TierScheduler, TierWorker
 from ec_connector.application.consumer import ConsumerFetcher
+from ec_connector.application.fleet import FleetFetcher, FleetStats, FleetUpdater, PullRule
 from ec_connector.application.producer import ProducerDesk
 from ec_connector.application.roles import (
+    Allocations,
     LocalSupply,
+    NoFleet,
     NoPublisher,
     Publisher,
     SchedulerSide,
     StatsService,
     Supply,
 )
+from ec_connector.application.scoping import RequestScopes
 from ec_connector.application.stats import PeerStats
 from ec_connector.domain.config import (
     FLEET_KEYS,
@@ -65,12 +72,14 @@ from ec_connector.domain.config import (
     parse_fleet_config,
 )
 from ec_connector.domain.config import KNOWN_KEYS as TIER_KEYS
+from ec_connector.domain.directory import DirectoryLimits, Peer, PeerDirectory
 from ec_connector.domain.layout import Layout
+from ec_connector.domain.publish import PeerAddress
 from ec_connector.ports.control import ControlClient, ControlServer
 from ec_connector.ports.copier import Copier
 from ec_connector.ports.peer import PeerTransport
 from ec_connector.ports.region import Region
-from ec_connector.ports.runtime import EventSink
+from ec_connector.ports.runtime import Clock, EventSink
 
 
 @dataclass(frozen=True, slots=True)
@@ -250,6 +259,101 @@ def _p2p_mode(p2p: bool) -> str:
     return "p2p" if p2p else "local"
 
 
+def _supply_mode(config: Settings) -> str:
+    """"fleet" (pulls of forwarded params and of the fleet's entries), "p2p" (forwarded params
+    only) or "local"."""
+    if config.p2p_loads and config.fleet.enabled:
+        return "fleet"
+    return _p2p_mode(config.p2p_loads)
+
+
+def _request_scopes(config: Settings) -> RequestScopes:
+    # Replicas that share entries key scopes with the fleet's secret, so a feed subscriber who
+    # guesses a salt cannot recognise that tenant's entries.
+    secret = config.zmq.side_channel_secret
+    return RequestScopes(secret=secret.encode() if secret else None, scoped=config.tier.tenant_scopes)
+
+
+def _peer_directory(config: Settings) -> PeerDirectory:
+    fleet = config.fleet
+    return PeerDirectory(
+        DirectoryLimits(
+            max_entries_per_peer=fleet.max_entries_per_peer,
+            max_entries=fleet.max_entries,
+            max_peers=max(len(fleet.peers), DirectoryLimits().max_peers),
+        )
+    )
+
+
+def _fleet_updater(
+    config: Settings, directory: PeerDirectory, clock: Clock, engine_id: str, stats: FleetStats
+) -> FleetUpdater:
+    return FleetUpdater(
+        directory=directory,
+        clock=clock,
+        engine_id=engine_id,
+        heartbeat_timeout_s=config.fleet.heartbeat_timeout_s,
+        stats=stats,
+    )
+
+
+def _fleet_feed(config: Settings, updater: FleetUpdater) -> Iterator[object]:
+    """The subscriber of every fleet peer's event feed, on its own thread, feeding `updater`;
+    stopped at shutdown."""
+    from ec_connector.adapters.zmq_control.fleet_feed import FeedPeer, ZmqFleetFeed
+    from ec_connector.adapters.zmq_control.sockets import Heartbeat
+
+    timeout = config.fleet.heartbeat_timeout_s
+    peers = [
+        FeedPeer(Peer(p.engine_id, PeerAddress(p.peer_host, p.peer_port)), p.event_feed)
+        for p in config.fleet.peers
+    ]
+    feed = ZmqFleetFeed(
+        peers,
+        on_seen=updater.peer_seen,
+        on_event=lambda event, seq: updater.apply(event, seq=seq),
+        on_gone=updater.peer_gone,
+        on_tick=updater.tick,
+        tick_s=min(1.0, timeout / 3),
+        # a peer that stops answering PINGs is gone after the configured heartbeat timeout
+        heartbeat=Heartbeat(ivl_s=min(1.0, timeout / 3), timeout_s=timeout, ttl_s=min(6553.0, 2 * timeout)),
+    )
+    feed.start()
+    try:
+        yield feed
+    finally:
+        feed.close()
+
+
+def _fleet_fetcher(
+    config: Settings,
+    tier: TierScheduler,
+    fetcher: ConsumerFetcher,
+    directory: PeerDirectory,
+    updater: FleetUpdater,
+    engine_id: str,
+    stats: FleetStats,
+    feed: object,
+) -> FleetFetcher:
+    """The fleet's supply; `feed` is asked for so that the subscriber runs once the fetcher does."""
+    fleet = config.fleet
+    rule = PullRule(
+        encode_s_per_row=fleet.encode_us_per_row * 1e-6,
+        fixed_s=fleet.pull_fixed_ms * 1e-3,
+        bytes_per_s=fleet.read_gib_s * (1 << 30),
+    )
+    return FleetFetcher(
+        tier=tier,
+        fetcher=fetcher,
+        directory=directory,
+        updater=updater,
+        rule=rule,
+        engine_id=engine_id,
+        stats=stats,
+        max_pulls_in_flight=fleet.max_pulls_in_flight,
+    )
+
+
 class Container(containers.DeclarativeContainer):
     settings = providers.Configuration()
     config = providers.Dependency(instance_of=Settings)
@@ -325,10 +429,35 @@ class Container(containers.DeclarativeContainer):
         engine_id=settings.instance,
         stats=peer_stats,
     )
+    request_scopes = providers.Singleton(_request_scopes, config)
+    fleet_stats = providers.Singleton(FleetStats)
+    peer_directory = providers.Singleton(_peer_directory, config)
+    fleet_updater = providers.Singleton(
+        _fleet_updater, config, peer_directory, clock, settings.instance, fleet_stats
+    )
+    fleet_feed = providers.Resource(_fleet_feed, config, fleet_updater)
+    fleet_fetcher = providers.Singleton(
+        _fleet_fetcher,
+        config,
+        tier_scheduler,
+        consumer_fetcher,
+        peer_directory,
+        fleet_updater,
+        settings.instance,
+        fleet_stats,
+        fleet_feed,
+    )
     supply: providers.Provider[Supply] = providers.Selector(
-        providers.Callable(lambda c: _p2p_mode(c.p2p_loads), config),
+        providers.Callable(_supply_mode, config),
+        fleet=fleet_fetcher,
         p2p=consumer_fetcher,
         local=providers.Singleton(LocalSupply),
+    )
+    allocations: providers.Provider[Allocations] = providers.Selector(
+        providers.Callable(_supply_mode, config),
+        fleet=fleet_fetcher,
+        p2p=providers.Singleton(NoFleet),
+        local=providers.Singleton(NoFleet),
     )
     publisher: providers.Provider[Publisher] = providers.Selector(
         providers.Callable(lambda c: _p2p_mode(c.p2p_saves), config),
@@ -336,9 +465,15 @@ class Container(containers.DeclarativeContainer):
         local=providers.Singleton(NoPublisher),
     )
     scheduler_side = providers.Singleton(
-        SchedulerSide, tier=tier_scheduler, supply=supply, publisher=publisher
+        SchedulerSide,
+        tier=tier_scheduler,
+        supply=supply,
+        publisher=publisher,
+        scopes=request_scopes,
+        fleet=allocations,
     )
-    """The scheduler role's services (the tier, its supply, its publisher)."""
+    """The scheduler role's services (the tier, its supply, its publisher, the requests' scopes,
+    the fleet's allocations listener)."""
     stats = providers.Singleton(
         StatsService,
         tier=tier_scheduler,
@@ -346,6 +481,12 @@ class Container(containers.DeclarativeContainer):
         peer=providers.Selector(
             providers.Callable(lambda c: _p2p_mode(c.tier.enable_nixl), config),
             p2p=peer_stats,
+            local=providers.Object(None),
+        ),
+        fleet=providers.Selector(
+            providers.Callable(_supply_mode, config),
+            fleet=fleet_stats,
+            p2p=providers.Object(None),
             local=providers.Object(None),
         ),
     )

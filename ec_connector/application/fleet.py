@@ -221,7 +221,8 @@ class FleetUpdater:
 
 class FleetFetcher:
     """Step-thread front of `ConsumerFetcher`: adds fleet pulls for local misses the directory can
-    serve. Every method runs on the engine's step thread."""
+    serve; the supply of a replica with fleet peers (`poll`, `take_unavailable` and
+    `has_pending_work` are the fetcher's). Every method runs on the engine's step thread."""
 
     def __init__(
         self,
@@ -247,6 +248,15 @@ class FleetFetcher:
         self._recent: OrderedDict[str, None] = OrderedDict()
         self._pulls: dict[str, str] = {}  # key -> the peer it is pulled from
         self.stats = stats
+
+    def poll(self) -> None:
+        self._fetcher.poll()
+
+    def take_unavailable(self) -> set[str]:
+        return self._fetcher.take_unavailable()
+
+    def has_pending_work(self) -> bool:
+        return self._fetcher.has_pending_work()
 
     def note_local(self, key: str) -> None:
         """vLLM allocated `key` in its own encoder cache (it is being encoded or loaded here): for a

@@ -1,9 +1,11 @@
 """What the scheduler side offers vLLM's scheduler-side hooks: one object per part, none optional.
 
-A role that pulls from peers gets a ConsumerFetcher as its `supply`, others a LocalSupply; a role
-that serves peers gets a ProducerDesk as its `publisher`, others a NoPublisher. The container picks
-them (container.py); the entry point calls them the same way in every mode. StatsService reads the
-counters of every part into one report.
+A role that pulls from peers gets a ConsumerFetcher as its `supply` (a FleetFetcher in front of it
+when the replica has fleet peers), others a LocalSupply; a role that serves peers gets a
+ProducerDesk as its `publisher`, others a NoPublisher. Every request's items are keyed through
+`scopes` (tenant scopes); `fleet` hears of vLLM's allocations (a FleetFetcher, or NoFleet). The
+container picks them (container.py); the entry point calls them the same way in every mode.
+StatsService reads the counters of every part into one report.
 """
 
 from __future__ import annotations
@@ -13,7 +15,9 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from ec_connector.application.consumer import WantedItem
+from ec_connector.application.fleet import FleetStats
 from ec_connector.application.scheduler import TierScheduler
+from ec_connector.application.scoping import RequestScopes
 from ec_connector.application.stats import PeerStats
 from ec_connector.ports.runtime import EventSink
 
@@ -34,6 +38,19 @@ class Publisher(Protocol):
     """Offers a finished request's items to peers (ProducerDesk's contract)."""
 
     def publish(self, items: Mapping[str, Mapping[str, Any]]) -> dict[str, dict[str, Any]] | None: ...
+
+
+class Allocations(Protocol):
+    """Hears which items vLLM allocated here (FleetFetcher's `note_local`)."""
+
+    def note_local(self, key: str) -> None: ...
+
+
+class NoFleet:
+    """The allocations listener of a replica without fleet peers: nothing to note."""
+
+    def note_local(self, key: str) -> None:
+        pass
 
 
 class LocalSupply:
@@ -68,6 +85,8 @@ class SchedulerSide:
     tier: TierScheduler
     supply: Supply
     publisher: Publisher
+    scopes: RequestScopes
+    fleet: Allocations
 
 
 class StatsService:
@@ -75,15 +94,24 @@ class StatsService:
 
     Counters are reported as increments since the previous report (vLLM sums them); latencies as
     the samples observed since then; occupancy as gauges. Peer counters are included where the role
-    has a P2P service (`peer` given). Peer counters have one writer each (the step thread, or the
-    desk's I/O thread for its grant counters) and their latencies are observed on the step thread,
-    so they are read without a lock; the tier's are read under its own (`TierScheduler.snapshot`).
+    has a P2P service (`peer` given), fleet counters (`fleet_*`) where it has fleet peers (`fleet`
+    given). Peer and fleet counters have one writer each (the step thread, the desk's I/O thread
+    for its grant counters, the feed's thread for the directory's) and their latencies are observed
+    on the step thread, so they are read without a lock; the tier's are read under its own
+    (`TierScheduler.snapshot`).
     """
 
-    def __init__(self, tier: TierScheduler, events: EventSink, peer: PeerStats | None = None) -> None:
+    def __init__(
+        self,
+        tier: TierScheduler,
+        events: EventSink,
+        peer: PeerStats | None = None,
+        fleet: FleetStats | None = None,
+    ) -> None:
         self._tier = tier
         self._events = events
         self._peer = peer
+        self._fleet = fleet
         self._reported: dict[str, int] = {}
 
     def report(self) -> dict[str, Any]:
@@ -93,6 +121,8 @@ class StatsService:
         if self._peer is not None:
             counters.update({f"peer_{k}": v for k, v in self._peer.as_dict().items()})
             samples.update(self._peer.latencies.take())
+        if self._fleet is not None:
+            counters.update({f"fleet_{k}": v for k, v in self._fleet.as_dict().items()})
         # the event sinks that count (ZmqEventSink) expose `published` and `dropped`; LogEventSink does not
         counters["events_published"] = getattr(self._events, "published", 0)
         counters["events_dropped"] = getattr(self._events, "dropped", 0)

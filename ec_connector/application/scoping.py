@@ -20,16 +20,20 @@ SCOPE_CACHE = 4096
 
 
 class RequestScopes:
-    """Entry keys of vLLM's items under their requests' scopes; step thread only."""
+    """Entry keys of vLLM's items under their requests' scopes; step thread only.
 
-    def __init__(self, *, secret: bytes | None = None) -> None:
+    `scoped=False` (`tenant_scopes` off) gives every request vLLM's identifiers as keys, salted or
+    not, and answers the hooks the same way otherwise."""
+
+    def __init__(self, *, secret: bytes | None = None, scoped: bool = True) -> None:
         self._secret = secret
+        self._scoped = scoped
         self._scopes: dict[str, Scope | None] = {}
         self._current: dict[str, str] = {}
 
     def scope(self, cache_salt: str | None) -> Scope | None:
         """The scope of requests salted with `cache_salt` (None: unscoped)."""
-        if not cache_salt:
+        if not cache_salt or not self._scoped:
             return None
         scope = self._scopes.get(cache_salt)
         if scope is None:

@@ -28,6 +28,7 @@ import structlog
 
 from ec_connector.domain.config import Role
 from ec_connector.domain.errors import LayoutMismatch
+from ec_connector.domain.scope import identifier_of
 from ec_connector.domain.transfers import Completion, PlannedCopy, SaveJob, StepPlan
 from ec_connector.logging import debug_enabled
 from ec_connector.ports.copier import Copier
@@ -56,7 +57,7 @@ class TierWorker:
         self._region = region
         self._copier = copier
         self._plan = StepPlan()
-        self._saves: dict[str, PlannedCopy] = {}
+        self._saves: dict[str, list[PlannedCopy]] = {}  # vLLM's identifier -> the copies saving it
         self._queued: list[SaveJob] = []
         self._lock = threading.RLock()
         self._wake = threading.Event()
@@ -74,12 +75,20 @@ class TierWorker:
         return self._rank
 
     def bind(self, plan: StepPlan) -> None:
-        """Take this step's plan (saves are kept only on the writer rank)."""
+        """Take this step's plan (saves are kept only on the writer rank).
+
+        Copies carry entry keys (domain/scope.py); vLLM's encoder cache is keyed by identifier, so
+        saves are indexed by the identifier each key stands for (several scopes may save one item)."""
         self._plan = plan
-        self._saves = {c.key: c for c in plan.saves} if self._writes else {}
+        saves: dict[str, list[PlannedCopy]] = {}
+        if self._writes:
+            for copy in plan.saves:
+                saves.setdefault(identifier_of(copy.key), []).append(copy)
+        self._saves = saves
 
     def start_loads(self, cache: MutableMapping[str, Any]) -> None:
-        """Start every planned reload; put each new buffer into `cache` under its key."""
+        """Start every planned reload; put each new buffer into `cache` under the identifier of its
+        entry key (vLLM's key)."""
         loads = self._plan.loads
         if not loads or not self._role.loads:
             return
@@ -92,26 +101,28 @@ class TierWorker:
                 self._report(copy.ticket, ok=False)
             return
         for copy, buffer in zip(loads, buffers, strict=True):
-            cache[copy.key] = buffer
+            cache[identifier_of(copy.key)] = buffer
         if _debug():
             rows = sum(c.rows for c in loads)
             log.debug("tier_reload_batch", rank=self._rank, entries=len(loads), rows=rows)
 
-    def save(self, cache: Mapping[str, object], key: str) -> None:
-        """Queue the offload of `key` if this step planned it on this rank; a no-op otherwise.
+    def save(self, cache: Mapping[str, object], identifier: str) -> None:
+        """Queue the offloads of item `identifier` (vLLM's key in `cache`) that this step planned on
+        this rank, one per entry key; a no-op when none was planned.
 
         Payloads are validated once, by the copier, when `flush` launches the batch; a batch it
         refuses is split there, so one bad payload fails only its own copy.
         """
-        copy = self._saves.pop(key, None)
-        if copy is None:
+        copies = self._saves.pop(identifier, None)
+        if copies is None:
             return
-        payload = cache.get(key)
+        payload = cache.get(identifier)
         if payload is None:
-            log.warning("offload_rejected", mm_hash=key, reason="not in the encoder cache")
-            self._report(copy.ticket, ok=False)
+            log.warning("offload_rejected", mm_hash=identifier, reason="not in the encoder cache")
+            for copy in copies:
+                self._report(copy.ticket, ok=False)
             return
-        self._queued.append(SaveJob(copy, payload))
+        self._queued.extend(SaveJob(copy, payload) for copy in copies)
 
     def flush(self) -> None:
         """Launch the queued saves as one batch and report every copy that has ended."""
@@ -165,8 +176,9 @@ class TierWorker:
     def clear(self) -> None:
         """End the step: launch what is queued; planned saves that never came are dropped."""
         self.flush()
-        for copy in self._saves.values():
-            self._report(copy.ticket, ok=False)
+        for copies in self._saves.values():
+            for copy in copies:
+                self._report(copy.ticket, ok=False)
         self._plan = StepPlan()
         self._saves = {}
 

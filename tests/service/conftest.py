@@ -17,6 +17,7 @@ from ec_connector.adapters.memory import (
 from ec_connector.application import TierScheduler, TierWorker
 from ec_connector.domain.config import ConnectorConfig, Role
 from ec_connector.domain.layout import Layout
+from ec_connector.domain.scope import identifier_of
 
 HIDDEN = 4
 DTYPE = "bfloat16"
@@ -72,7 +73,8 @@ class Engine:
         ]
 
     def step(self, items: list[tuple[str, int]], *, payloads: dict[str, object] | None = None) -> StepResult:
-        """Schedule `items` (key, rows) as one step: lookups, allocation, worker copies."""
+        """Schedule `items` (entry key, rows) as one step: lookups, allocation, worker copies. The
+        workers' encoder cache is keyed by vLLM's identifier of each key, as vLLM's is."""
         result = StepResult()
         hits = {key for key, _ in items if self.scheduler.has_item(key)}
         for key, rows in items:
@@ -83,14 +85,15 @@ class Engine:
             worker.bind(plan)
             worker.start_loads(cache)
             for key, rows in items:
+                identifier = identifier_of(key)
                 if key in hits:
                     if worker.rank == 0:
-                        result.loaded[key] = cache[key]  # type: ignore[assignment]
+                        result.loaded[key] = cache[identifier]  # type: ignore[assignment]
                     continue
-                cache[key] = (payloads or {}).get(key, encoder_output(key, rows))
+                cache[identifier] = (payloads or {}).get(key, encoder_output(key, rows))
                 if worker.rank == 0 and key not in result.encoded:
                     result.encoded.append(key)
-                worker.save(cache, key)
+                worker.save(cache, identifier)
             worker.clear()
         return result
 

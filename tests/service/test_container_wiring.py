@@ -158,3 +158,92 @@ def test_the_container_takes_the_parsed_config_or_the_raw_document_not_both():
     with pytest.raises(TypeError, match="not both"):
         build_container(config, role="ec_both", extra={"ec_cpu_bytes": 4096})
     assert build_container(config, tier="memory").connector_config() is config.tier
+
+
+FLEET_PEER = {"engine_id": "replica-b", "peer_host": "127.0.0.1", "peer_port": 5999}
+
+
+def _fleet_container(role: str, **extra: object):
+    import socket
+
+    with socket.socket() as s:  # a feed address nobody binds: the subscriber keeps reconnecting
+        s.bind(("127.0.0.1", 0))
+        feed = f"tcp://127.0.0.1:{s.getsockname()[1]}"
+    config = parse_settings(
+        {
+            "ec_cpu_bytes": 4096,
+            "ec_enable_nixl": True,
+            "fleet_peers": [{**FLEET_PEER, "event_feed": feed}],
+            **extra,
+        },
+        role=role,
+    )
+    container = build_container(
+        config, tier="memory", device="memory", hidden_dim=4, side_host="127.0.0.1", side_port=0, instance="a"
+    )
+    transport = MemoryPeerTransport(MemoryPeerWorld(), "agent", container.region())
+    container.peer_transport.override(providers.Object(transport))
+    container.control_client.override(providers.Object(MemoryControlClient(MemoryNetwork())))
+    return container
+
+
+@pytest.mark.parametrize("role", ["ec_both", "ec_consumer"])
+def test_a_replica_with_fleet_peers_gets_the_fleet_fetcher_and_its_feed_until_shutdown(role):
+    import threading
+
+    from ec_connector.application.fleet import FleetFetcher
+
+    container = _fleet_container(role)
+    try:
+        side = container.scheduler_side()
+        assert type(side.supply) is FleetFetcher and side.fleet is side.supply
+        feeds = [t for t in threading.enumerate() if t.name == "ec-fleet-feed"]
+        assert len(feeds) == 1, "the feed subscriber runs once the fleet's supply exists"
+        report = container.stats().report()
+        assert report["fleet_lookups"] == 0 and "fleet_pulls_started" in report and "peer_grants" in report
+        directory = container.peer_directory()
+        assert directory.limits.max_entries == 262_144 and directory.limits.max_entries_per_peer == 65_536
+    finally:
+        container.shutdown_resources()
+    assert not feeds[0].is_alive(), "shutdown stops the subscriber"
+
+
+def test_without_fleet_peers_nothing_subscribes_and_no_fleet_counters_are_reported():
+    import threading
+
+    from ec_connector.application.roles import NoFleet
+
+    config = parse_settings({"ec_cpu_bytes": 4096, "ec_enable_nixl": True}, role="ec_both")
+    container = build_container(
+        config, tier="memory", device="memory", hidden_dim=4, side_host="127.0.0.1", side_port=0
+    )
+    transport = MemoryPeerTransport(MemoryPeerWorld(), "agent", container.region())
+    container.peer_transport.override(providers.Object(transport))
+    container.control_client.override(providers.Object(MemoryControlClient(MemoryNetwork())))
+    try:
+        side = container.scheduler_side()
+        assert type(side.supply) is ConsumerFetcher and type(side.fleet) is NoFleet
+        assert not [t for t in threading.enumerate() if t.name == "ec-fleet-feed"]
+        assert not [k for k in container.stats().report() if k.startswith("fleet_")]
+    finally:
+        container.shutdown_resources()
+
+
+@pytest.mark.parametrize(
+    ("extra", "salted_key_is_scoped"),
+    [({}, True), ({"tenant_scopes": False}, False)],
+)
+def test_the_requests_scopes_follow_tenant_scopes_and_the_fleets_secret(extra, salted_key_is_scoped):
+    from ec_connector.application.scoping import RequestScopes
+
+    config = parse_settings({"ec_cpu_bytes": 4096, "side_channel_secret": "s", **extra}, role="ec_both")
+    container = build_container(config, tier="memory", device="memory", hidden_dim=4)
+    try:
+        scopes = container.scheduler_side().scopes
+        assert scopes.key(None, "img") == "img"
+        if salted_key_is_scoped:
+            assert scopes.key("t", "img") == RequestScopes(secret=b"s").key("t", "img") != "img"
+        else:
+            assert scopes.key("t", "img") == "img"
+    finally:
+        container.shutdown_resources()

@@ -57,3 +57,30 @@ def test_the_salt_cache_is_bounded_and_stays_correct_past_its_bound():
         assert scopes.scope(f"salt-{n}") == scope_of(f"salt-{n}")
     assert len(scopes._scopes) == SCOPE_CACHE
     assert scopes.scope("salt-0") == scope_of("salt-0")
+
+
+def test_one_item_encoded_once_is_saved_under_every_scope_that_asked_for_it_in_the_step():
+    """vLLM encodes an identifier once per step whatever the salts; the worker saves that one
+    payload to each entry key planned for it, and reloads land under vLLM's identifier."""
+    engine, scopes = Engine(), RequestScopes()
+    one, two = scopes.key("tenant-1", "img"), scopes.key("tenant-2", "img")
+    plan_items = [(one, 4), (two, 4)]
+    for key, rows in plan_items:
+        assert not engine.scheduler.has_item(key)
+        engine.scheduler.on_allocated(key, rows)
+    plan = engine.scheduler.take_plan()
+    worker = engine.workers[0]
+    worker.bind(plan)
+    worker.save({"img": encoder_output("img", 4)}, "img")
+    worker.clear()
+    engine.settle()
+    assert {e.key for e in engine.scheduler.entries() if engine.scheduler.is_ready(e.key)} == {one, two}
+    for key in (one, two):
+        assert engine.scheduler.has_item(key)
+        engine.scheduler.on_allocated(key, 4)
+        plan = engine.scheduler.take_plan()
+        cache: dict[str, object] = {}
+        worker.bind(plan)
+        worker.start_loads(cache)
+        worker.clear()
+        assert list(cache) == ["img"] and cache["img"] == encoder_output("img", 4)

@@ -25,8 +25,9 @@ from vllm.distributed.ec_transfer.ec_connector.base import (
 
 from ec_connector.adapters.nixl_data.settings import require_nixl
 from ec_connector.application.consumer import WantedItem
-from ec_connector.application.roles import Publisher, StatsService, Supply
+from ec_connector.application.roles import Allocations, Publisher, StatsService, Supply
 from ec_connector.application.scheduler import TierScheduler
+from ec_connector.application.scoping import RequestScopes
 from ec_connector.application.worker import TierWorker
 from ec_connector.container import build_container, parse_settings
 from ec_connector.entrypoints.vllm import settings as vllm_settings
@@ -54,8 +55,10 @@ class ECTierConnector(ECConnectorBase):
     """Encoder-cache connector: a /dev/shm CPU tier shared by the instance's processes.
 
     vLLM makes one instance per role and calls each hook on its own role's instance: the
-    scheduler's holds its scheduler side (`_scheduler`: the tier, `_supply`, `_publisher`) and
-    `_stats`, each worker's holds `_worker`. The hooks that vLLM
+    scheduler's holds its scheduler side (`_scheduler`: the tier, `_supply`, `_publisher`,
+    `_scopes`, `_fleet`) and `_stats`, each worker's holds `_worker`. The scheduler side keys every
+    item by its entry key (`_scopes`: vLLM's identifier, scoped by the request's `cache_salt`); the
+    worker side maps entry keys back to vLLM's identifiers. The hooks that vLLM
     calls on every instance (get_finished, clear_connector_metadata, has_pending_push_work,
     get_ec_connector_stats, shutdown) answer for the role they run on.
     """
@@ -63,6 +66,8 @@ class ECTierConnector(ECConnectorBase):
     _scheduler: TierScheduler  # the scheduler's instance only, as are the next three
     _supply: Supply
     _publisher: Publisher
+    _scopes: RequestScopes
+    _fleet: Allocations
     _stats: StatsService
     _worker: TierWorker  # each worker's instance only
 
@@ -81,6 +86,7 @@ class ECTierConnector(ECConnectorBase):
             self._container = build_container(config, **vllm_settings.scheduler_settings(vllm_config, config))
             side = self._container.scheduler_side()
             self._scheduler, self._supply, self._publisher = side.tier, side.supply, side.publisher
+            self._scopes, self._fleet = side.scopes, side.fleet
             self._stats = self._container.stats()
         else:
             self._container = build_container(config, **vllm_settings.worker_settings(vllm_config, config))
@@ -117,20 +123,26 @@ class ECTierConnector(ECConnectorBase):
     # -- scheduler side ---------------------------------------------------------------------
 
     def has_cache_item(self, identifier: str) -> bool:
-        return self._scheduler.has_item(identifier)
+        # vLLM asks for the items of the request it has just passed to ensure_cache_available; an
+        # identifier of no such item has no checked scope, so it is a miss (docs/fleet.md)
+        key = self._scopes.lookup(identifier)
+        return key is not None and self._scheduler.has_item(key)
 
     def ensure_cache_available(self, request: Request, num_computed_tokens: int) -> bool:
         supply = self._supply
         if not self._polled:
             self._polled = True
             supply.poll()
+        keys = self._scopes.enter(request.cache_salt, [f.identifier for f in request.mm_features])
         # the items are listed only if the supply reads them (a LocalSupply never does)
-        items = _Lazy(lambda: self._wanted(request, num_computed_tokens))
+        items = _Lazy(lambda: self._wanted(request, num_computed_tokens, keys))
         return supply.ensure_available(request.request_id, request.ec_transfer_params, items)
 
-    def _wanted(self, request: Request, num_computed_tokens: int) -> list[WantedItem]:
+    def _wanted(
+        self, request: Request, num_computed_tokens: int, keys: Mapping[str, str]
+    ) -> list[WantedItem]:
         return [
-            WantedItem(f.identifier, f.mm_position.get_num_embeds(), self._has_media(f))
+            WantedItem(keys[f.identifier], f.mm_position.get_num_embeds(), self._has_media(f))
             for f in request.mm_features
             if f.mm_position.offset + f.mm_position.length > num_computed_tokens  # still needed
         ]
@@ -156,7 +168,9 @@ class ECTierConnector(ECConnectorBase):
 
     def update_state_after_alloc(self, request: Request, index: int) -> None:
         feature = request.mm_features[index]
-        self._scheduler.on_allocated(feature.identifier, feature.mm_position.get_num_embeds())
+        key = self._scopes.key(request.cache_salt, feature.identifier)
+        self._scheduler.on_allocated(key, feature.mm_position.get_num_embeds())
+        self._fleet.note_local(key)
 
     def build_connector_meta(self, scheduler_output: SchedulerOutput) -> ECConnectorMetadata:
         self._polled = False
@@ -172,7 +186,8 @@ class ECTierConnector(ECConnectorBase):
         from vllm.distributed.ec_transfer.ec_connector.utils import collect_ec_item_metadata
 
         items = collect_ec_item_metadata(request.mm_features, self._metadata)
-        return {key: item["metadata"] for key, item in items.items()}
+        salt = request.cache_salt
+        return {self._scopes.key(salt, identifier): item["metadata"] for identifier, item in items.items()}
 
     def has_pending_push_work(self) -> bool:
         if not self._on_scheduler:
