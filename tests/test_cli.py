@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import itertools
 import json
 import statistics
@@ -117,23 +118,46 @@ def test_real_engine_demo_without_vllm_says_how_to_get_it(tmp_path):
     assert "--vllm-python" in result.stderr and "no such file" in result.stderr
 
 
-def test_bench_cache_writes_json_and_png(tmp_path):
+def _cache_figures(python: str, out: Path) -> tuple[dict, subprocess.CompletedProcess[str]]:
+    result = subprocess.run(
+        [python, "-m", "ec_connector.cli", "bench", "cache", "--quick", "--out", str(out)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    png = (out / "cache.png").read_bytes()
+    assert png.startswith(b"\x89PNG") and len(png) > 10_000
+    figures = json.loads((out / "cache.json").read_text())
+    assert figures["skipped"] is None
+    for side in ("ours", "ours_fifo"):
+        assert figures[side]["ops"] > 0 and figures[side]["evictions"] > 0
+    return figures, result
+
+
+def test_bench_cache_without_vllm_runs_our_policies_and_says_why_vllm_was_skipped(tmp_path):
+    if importlib.util.find_spec("vllm") is not None:
+        pytest.skip("vLLM is installed here: the vLLM column runs (the .venv-vllm test below)")
+    figures, result = _cache_figures(sys.executable, tmp_path)
+    assert figures["vllm"] is None and "vllm is not installed" in figures["vllm_skipped"]
+    assert "EmbeddingCache column skipped" in result.stderr
+    assert figures["params"]["eviction"] != "fifo"  # the default policy beside fifo
+    assert set(figures["goals"]) == {"metadata_O_entries"}
+
+
+def test_bench_cache_with_vllm_compares_against_its_embedding_cache(tmp_path):
     vllm_python = ROOT / ".venv-vllm" / "bin" / "python"
     if not vllm_python.exists():
-        pytest.skip(
-            "bench cache compares against vLLM's EmbeddingCache: build .venv-vllm (tools/setup_vllm_env.sh)"
-        )
-    result = _cli("bench", "cache", "--quick", "--out", str(tmp_path))
-    assert result.returncode == 0, result.stdout + result.stderr
-    figures = json.loads((tmp_path / "cache.json").read_text())
-    assert not figures.get("skipped")
-    png = (tmp_path / "cache.png").read_bytes()
-    assert png.startswith(b"\x89PNG") and len(png) > 10_000
+        pytest.skip("the vLLM column needs vLLM: build .venv-vllm (tools/setup_vllm_env.sh)")
+    figures, _ = _cache_figures(str(vllm_python), tmp_path)
+    assert figures["vllm_skipped"] is None
+    assert figures["vllm"]["op_counts"]["lookup"] == figures["ours"]["op_counts"]["lookup"] > 0
+    assert set(figures["goals"]) == {"ops_3x_faster", "metadata_O_entries"}
 
 
 def test_copy_plot_from_a_real_cpu_run(tmp_path):
-    sys.path.insert(0, str(ROOT))
-    from bench import copy_bandwidth, plots
+    from ec_connector.benchmarks import copy_bandwidth, plots
 
     options = copy_bandwidth.parse_args(
         [
@@ -185,8 +209,7 @@ def test_the_host_launch_bench_starts_each_call_a_period_after_the_previous_one(
 
 
 def test_aging_bench_shows_the_run_floor_keeping_a_full_tables_entries_in_long_runs():
-    sys.path.insert(0, str(ROOT))
-    from bench import aging
+    from ec_connector.benchmarks import aging
 
     args = (2048, 256 * aging.MiB)  # 2 KiB rows, a 256 MiB region
     none = aging.measure(*args, floor_bytes=0, drop_share=0.05, ops=3000, strict=False)

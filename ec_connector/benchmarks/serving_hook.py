@@ -1,7 +1,7 @@
 """The serving benchmark's in-engine hook: counts encoder items and, when switched on, stubs the encoder.
 
-bench/serving.py copies this file as ``sitecustomize.py`` into a private folder that it puts first
-on each engine child's PYTHONPATH, so every Python process of that engine (the driver, the
+The serving bench (serving.py) copies this file as ``sitecustomize.py`` into a private folder that
+it puts first on each engine child's PYTHONPATH, so every Python process of that engine (the driver, the
 EngineCore, its workers) runs it at start. It does nothing unless ``EC_BENCH_HOOK_DIR`` names that
 folder. Then, once vLLM's Qwen2-VL module is imported, its ``embed_multimodal`` (the call both of
 vLLM's model runners make for a batch of images: the V1 runner and 0.33's V2 ``EncoderRunner``)

@@ -12,7 +12,7 @@ and every round sees the same images in the same order, and a run on another mac
   one fill pass, then `passes` measured ones: eviction decides what hits.
 - ``limit``: the ``repeat`` workload's requests with the encoder stubbed (see serving_hook.py).
 - ``epd``: ``unique``'s shape (every image new, a warm-up pass) served encoder -> prefill/decode: an
-  encoder-only producer engine first, then a consumer engine (bench/serving_epd.py).
+  encoder-only producer engine first, then a consumer engine (serving_epd.py).
 """
 
 from __future__ import annotations

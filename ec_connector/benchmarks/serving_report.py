@@ -1,4 +1,4 @@
-"""Tables and a PNG from one or more serving-bench JSONs (bench/serving.py run).
+"""Tables and a PNG from one or more serving-bench JSONs (ec-connector bench serving run).
 
 Rounds are paired within a run (same `run_id` and round number: the arms ran back to back), so
 each ratio is taken per round and the table gives its median and its spread (min-max over

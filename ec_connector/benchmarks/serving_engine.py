@@ -1,9 +1,9 @@
 """One arm of the serving benchmark: a fresh vLLM engine serving the workloads, in its own process.
 
-    python bench/serving_engine.py SPEC_JSON     (started by bench/serving.py, with vLLM's python)
+    python -m ec_connector.benchmarks.serving_engine SPEC_JSON   (started by the serving bench, run)
 
 SPEC_JSON holds the arm, its `ec_transfer_config` (or null), the engine arguments, the workloads
-(bench/serving_workload.py) and the arrival model. The engine is vLLM's `AsyncLLM` (the async,
+(serving_workload.py) and the arrival model. The engine is vLLM's `AsyncLLM` (the async,
 streaming path a server uses), so each request's time to first token is its own. Requests are
 raw prompts with the Qwen2-VL image placeholders, one image each, `multi_modal_uuids` = a digest
 of the image, `max_tokens` small with `ignore_eos`.
@@ -25,11 +25,15 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from bench.common import percentile  # noqa: E402
-from bench.serving_hook import COUNT_PREFIX, DUMP_INTERVAL_S, HOOK_DIR_ENV, HOOKS_PREFIX, STUB_FLAG  # noqa: E402
-from bench.serving_workload import Workload, image_digest  # noqa: E402
+from ec_connector.benchmarks.common import percentile
+from ec_connector.benchmarks.serving_hook import (
+    COUNT_PREFIX,
+    DUMP_INTERVAL_S,
+    HOOK_DIR_ENV,
+    HOOKS_PREFIX,
+    STUB_FLAG,
+)
+from ec_connector.benchmarks.serving_workload import Workload, image_digest
 
 PROMPT = (
     "<|im_start|>user\n<|vision_start|><|image_pad|><|vision_end|>"
@@ -55,7 +59,7 @@ class Results:
 
 def encoder_counts(hook_dir: str, engine: str = "") -> tuple[int, int]:
     """(items, of which stubbed) the encoder entry point has run on so far, in every process (of
-    `engine` if named); see bench/serving_hook.py for the file format."""
+    `engine` if named); see serving_hook.py for the file format."""
     items = stubbed = 0
     prefix = f"{COUNT_PREFIX}{engine}." if engine else COUNT_PREFIX
     for name in os.listdir(hook_dir):
@@ -71,7 +75,7 @@ def encoder_counts(hook_dir: str, engine: str = "") -> tuple[int, int]:
 
 def hook_totals(hook_dir: str, engine: str = "") -> dict[str, list[float]]:
     """The connector hooks' running totals, {method: [calls, seconds]}, summed over the engine's
-    processes (see bench/serving_hook.py; each process rewrites its file every DUMP_INTERVAL_S)."""
+    processes (see serving_hook.py; each process rewrites its file every DUMP_INTERVAL_S)."""
     totals: dict[str, list[float]] = {}
     prefix = f"{HOOKS_PREFIX}{engine}." if engine else HOOKS_PREFIX
     for name in os.listdir(hook_dir):
@@ -295,11 +299,11 @@ def engine_kwargs(spec: dict) -> dict:
 
 
 def child_setup() -> tuple[dict, Results, str]:
-    """A child's spec, its results file and the hook folder bench/serving.py set up for it."""
+    """A child's spec, its results file and the hook folder the serving bench set up for it."""
     spec = json.loads(Path(sys.argv[1]).read_text())
     hook_dir = os.environ.get(HOOK_DIR_ENV)
     if not hook_dir:
-        raise SystemExit(f"{HOOK_DIR_ENV} is not set: start this through bench/serving.py")
+        raise SystemExit(f"{HOOK_DIR_ENV} is not set: start this through ec-connector bench serving")
     return spec, Results(spec["results"]), hook_dir
 
 

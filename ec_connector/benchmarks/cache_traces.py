@@ -1,0 +1,181 @@
+"""Workload traces for the cache benches (compare_cache.py, bench/eviction.py).
+
+A trace is a sequence of engine steps: requests arrive with 1-4 multimodal items each and finish
+5-75 steps later, so that about `live` requests are alive at any step (the scheduler's running and
+waiting set). Items are (key, rows) with rows of 7 KiB (bf16, hidden 3584, a Qwen2.5-VL-7B-sized
+model). What differs between traces is where items come from (`SOURCES`):
+
+- `compare`: the original cache trace. 40% of items repeat an image of a pool of 400 (index
+  `400 * u**2`, a skew towards the first ones), the rest are new; sizes 64 / 256 / 880 / 2040 rows
+  (a thumbnail, 448x448, 1280x720, 1920x1080) mixed 20/30/35/15%.
+- `zipf0.6`, `zipf0.8`, `zipf1.0`: every item drawn from a pool of `pool` images with Zipf
+  probabilities of exponent alpha (the usual model of popularity), the same size mix.
+- `scan`: `zipf0.8`, with a burst of one-hit images (never seen again) every 40 steps, as many
+  items as 40 steps of the Zipf stream bring: half of all items are one-hit.
+- `mixed`: `zipf0.8` with sizes log-uniform from 64 rows to 16 MiB (2,341 rows).
+- `drift`: `zipf0.8` whose popularity moves: every 500 steps the pool's ranking is drawn afresh
+  (yesterday's popular images become rare, rare ones popular), so a policy that trusts old
+  counts keeps stale images.
+
+Everything is seeded: the same arguments give the same trace.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import random
+from collections.abc import Callable
+from dataclasses import dataclass
+
+ROW_BYTES = 3584 * 2  # bf16 rows of a hidden-3584 model: 7 KiB
+IMAGE_MIX = ((64, 0.20), (256, 0.30), (880, 0.35), (2040, 0.15))  # rows, share
+MAX_ROWS = (16 << 20) // ROW_BYTES  # a 16 MiB encoder output
+ITEMS_PER_REQUEST = ((1, 0.75), (2, 0.20), (4, 0.05))
+REPEAT_SHARE = 0.40
+POPULAR_POOL = 400
+FAIL_SHARE = 0.01
+SCAN_EVERY = 40  # steps between bursts of one-hit images
+DRIFT_EVERY = 500  # steps between re-rankings of the `drift` trace's pool
+SOURCES = ("compare", "zipf0.6", "zipf0.8", "zipf1.0", "scan", "mixed", "drift")
+
+
+@dataclass(frozen=True, slots=True)
+class Item:
+    key: str
+    rows: int
+    fails: bool  # a save (or READ) into this allocation fails: discarded instead of marked ready
+
+
+@dataclass(frozen=True, slots=True)
+class Step:
+    arrivals: tuple[tuple[int, tuple[Item, ...]], ...]  # (request id, its items)
+    finishes: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Trace:
+    steps: tuple[Step, ...]
+    live: int
+    num_blocks: int
+    name: str = "compare"
+
+    def items(self) -> list[Item]:
+        """Every item in arrival order."""
+        return [item for step in self.steps for _, items in step.arrivals for item in items]
+
+    def footprint_rows(self) -> int:
+        """Blocks of the distinct items (the working set of the whole trace)."""
+        return sum({item.key: item.rows for item in self.items()}.values())
+
+
+def _pick(rng: random.Random, table: tuple[tuple[int, float], ...]) -> int:
+    x, acc = rng.random(), 0.0
+    for value, share in table:
+        acc += share
+        if x < acc:
+            return value
+    return table[-1][0]
+
+
+Source = Callable[[int], tuple[str, int]]  # step number -> (key, rows) of the next item
+
+
+def _compare_source(rng: random.Random) -> Source:
+    popular = [(f"{rng.getrandbits(256):064x}", _pick(rng, IMAGE_MIX)) for _ in range(POPULAR_POOL)]
+
+    def draw(_now: int) -> tuple[str, int]:
+        if rng.random() < REPEAT_SHARE:
+            return popular[int(POPULAR_POOL * rng.random() ** 2)]
+        return f"{rng.getrandbits(256):064x}", _pick(rng, IMAGE_MIX)
+
+    return draw
+
+
+def _zipf_source(rng: random.Random, alpha: float, pool: int, sizes: Callable[[], int]) -> Source:
+    images = [(f"z{rng.getrandbits(128):032x}", sizes()) for _ in range(pool)]
+    weights = list(itertools.accumulate(1.0 / (rank + 1) ** alpha for rank in range(pool)))
+
+    def draw(_now: int) -> tuple[str, int]:
+        return rng.choices(images, cum_weights=weights)[0]
+
+    return draw
+
+
+def _drift_source(rng: random.Random, pool: int) -> Source:
+    images = [(f"d{rng.getrandbits(128):032x}", _pick(rng, IMAGE_MIX)) for _ in range(pool)]
+    weights = list(itertools.accumulate(1.0 / (rank + 1) ** 0.8 for rank in range(pool)))
+    epoch = 0
+
+    def draw(now: int) -> tuple[str, int]:
+        nonlocal epoch
+        if now // DRIFT_EVERY != epoch:
+            epoch = now // DRIFT_EVERY
+            rng.shuffle(images)  # a new ranking of the same images
+        return rng.choices(images, cum_weights=weights)[0]
+
+    return draw
+
+
+def _scan_source(rng: random.Random, pool: int) -> Source:
+    zipf = _zipf_source(rng, 0.8, pool, lambda: _pick(rng, IMAGE_MIX))
+
+    def draw(now: int) -> tuple[str, int]:
+        if now % SCAN_EVERY == SCAN_EVERY - 1:  # the burst step: every item is seen once
+            return f"s{rng.getrandbits(128):032x}", _pick(rng, IMAGE_MIX)
+        return zipf(now)
+
+    return draw
+
+
+def _source(name: str, rng: random.Random, pool: int) -> Source:
+    mix = lambda: _pick(rng, IMAGE_MIX)  # noqa: E731
+    if name == "compare":
+        return _compare_source(rng)
+    if name.startswith("zipf"):
+        return _zipf_source(rng, float(name[4:]), pool, mix)
+    if name == "scan":
+        return _scan_source(rng, pool)
+    if name == "drift":
+        return _drift_source(rng, pool)
+    if name == "mixed":
+        lo, hi = math.log(64), math.log(MAX_ROWS)
+        return _zipf_source(rng, 0.8, pool, lambda: int(math.exp(rng.uniform(lo, hi))))
+    raise ValueError(f"unknown trace {name!r}: expected one of {', '.join(SOURCES)}")
+
+
+def make_trace(
+    *, steps: int, live: int, num_blocks: int, seed: int = 8, source: str = "compare", pool: int = 2000
+) -> Trace:
+    """A workload of `live` concurrent requests over `steps` engine steps whose items come from
+    `source` (one of `SOURCES`; `pool`: images in a Zipf pool). Deterministic for its arguments."""
+    rng = random.Random(seed)
+    draw = _source(source, rng, pool)
+    next_id = 0
+    ends: dict[int, list[int]] = {}
+    burst = source == "scan"
+
+    def new_request(now: int) -> tuple[int, tuple[Item, ...]]:
+        nonlocal next_id
+        items = []
+        for _ in range(_pick(rng, ITEMS_PER_REQUEST)):
+            key, rows = draw(now)
+            items.append(Item(key, rows, rng.random() < FAIL_SHARE))
+        rid, next_id = next_id, next_id + 1
+        ends.setdefault(now + rng.randint(5, 75), []).append(rid)
+        return rid, tuple(items)
+
+    out, alive, arrived = [], 0, 0
+    for now in range(steps):
+        finishes = tuple(ends.pop(now, ()))
+        alive -= len(finishes)
+        count = live - alive
+        if burst and now % SCAN_EVERY == SCAN_EVERY - 1:
+            count = max(count, arrived)  # the burst: as many requests as the period's other steps
+            arrived = 0
+        elif burst:
+            arrived += count
+        arrivals = tuple(new_request(now) for _ in range(count))
+        alive += len(arrivals)
+        out.append(Step(arrivals, finishes))
+    return Trace(tuple(out), live, num_blocks, source)

@@ -1,0 +1,532 @@
+"""End-to-end serving benchmark: no connector, vLLM's ECCPUConnector and ours, side by side in one run.
+
+    ec-connector bench serving run --shape 7b --mode eager --out OUT_DIR [options]
+    ec-connector bench serving report OUT_DIR/serving-*.json [--png FILE]
+    python bench/serving.py run ...     # the same, from a checkout with the package on PYTHONPATH
+
+`run` starts one fresh engine per (round, arm), each in its own child process (GPU memory is
+freed between arms), with the arms taken alternately: round r runs them rotated by r (none,
+upstream, ours; then upstream, ours, none; ...). Every engine serves the same workloads with the
+same images in the same order (serving_workload.py) through vLLM's async streaming path
+(serving_engine.py), so each figure is per request (TTFT) and per pass (wall time, req/s,
+output tokens/s, encoder items run, hit ratio = items served without running the encoder / items).
+
+Arms:
+- ``none``: no EC connector (vLLM's own GPU encoder cache only). It also serves ``limit``: the
+  repeat workload with the encoder stubbed in the engine (serving_hook.py), the floor.
+- ``upstream``: vLLM's in-tree ``ECCPUConnector`` (``ec_both``). It runs only in the V2 model
+  runner (vLLM 0.33 on CUDA); elsewhere the arm is skipped with that reason.
+- ``ours``: ``ECTierConnector`` (``ec_both``) loaded by ``ec_connector_module_path``, so the
+  package only has to be importable (on PYTHONPATH), not installed.
+Both connectors get the same region size (``ec_cpu_bytes``, the key both read).
+``--workloads epd`` (a run of its own) makes each arm an E→PD pair instead (serving_epd.py):
+``none`` = the consumer encoding locally, ``upstream`` / ``ours`` = an ``ec_producer`` and an
+``ec_consumer`` engine with that connector and NIXL on, on the one device.
+
+Prefix caching is off (a repeated prompt would otherwise skip the encoder). Each child has a
+timeout: a hung engine is killed (its whole process group) and the arm marked failed; the run's
+JSON is rewritten after every child, so a killed run keeps what finished. `report` merges one or
+more run JSONs (serving_report.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import shutil
+import signal
+import site
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+from ec_connector.benchmarks import serving_hook, serving_report
+from ec_connector.benchmarks.serving_hook import HOOK_DIR_ENV
+from ec_connector.benchmarks.serving_workload import WORKLOADS, build, image_tokens, parse_size, resized
+
+# The folder that holds the ec_connector package: a source checkout's root or site-packages.
+PACKAGE_PARENT = Path(__file__).resolve().parents[2]
+
+ARMS = ("none", "upstream", "ours")
+MiB = 1 << 20
+# Seconds an engine child gets beyond its estimate before it is killed.
+TIMEOUT_SLACK_S = 120.0
+
+
+def rotated(arms: list[str], round_no: int) -> list[str]:
+    k = round_no % len(arms)
+    return arms[k:] + arms[:k]
+
+
+def connector_config(
+    arm: str, region_bytes: int, engine_id: str, role: str = "ec_both"
+) -> dict[str, Any] | None:
+    """The `ec_transfer_config` of an arm in `role`, or None for `none` (NIXL on for E→PD roles)."""
+    if arm == "none":
+        return None
+    extra: dict[str, Any] = {"ec_cpu_bytes": region_bytes}
+    if role != "ec_both":
+        extra["ec_enable_nixl"] = True
+    if arm == "upstream":
+        return {
+            "ec_connector": "ECCPUConnector",
+            "ec_role": role,
+            "engine_id": engine_id,
+            "ec_connector_extra_config": extra,
+        }
+    if arm == "ours":
+        return {
+            "ec_connector": "ECTierConnector",
+            "ec_role": role,
+            "engine_id": engine_id,
+            "ec_connector_module_path": "ec_connector.adapters.vllm",
+            "ec_connector_extra_config": extra,
+        }
+    raise ValueError(f"unknown arm {arm!r}: expected one of {ARMS}")
+
+
+def model_geometry(model_dir: Path) -> dict[str, int]:
+    """Hidden size and pixel bounds from the model directory (config.json, preprocessor_config.json)."""
+    config = json.loads((model_dir / "config.json").read_text())
+    text = config.get("text_config") or config
+    pre = json.loads((model_dir / "preprocessor_config.json").read_text())
+    return {
+        "hidden": int(text.get("hidden_size") or config["hidden_size"]),
+        "min_pixels": int(pre["min_pixels"]),
+        "max_pixels": int(pre["max_pixels"]),
+    }
+
+
+def prepare_model(args: argparse.Namespace, out: Path) -> Path:
+    if args.model:
+        return Path(args.model)
+    tools = PACKAGE_PARENT / "tools"
+    if not (tools / "tiny_vlm.py").is_file():
+        raise SystemExit(
+            "no --model given and no model writer here (tools/tiny_vlm.py ships with the source "
+            "checkout): pass --model DIR, a Qwen2-VL model folder"
+        )
+    sys.path.insert(0, str(tools))
+    from tiny_vlm import write_tiny_qwen2_vl
+
+    return write_tiny_qwen2_vl(out / f"model-{args.shape}", random_weights=False, shape=args.shape)
+
+
+def engine_args(args: argparse.Namespace, model: Path, max_pixels: int) -> dict[str, Any]:
+    kw: dict[str, Any] = {
+        "model": str(model),
+        "load_format": "dummy",
+        "dtype": "bfloat16",
+        "seed": 0,
+        "max_model_len": args.max_model_len,
+        "max_num_seqs": args.max_num_seqs,
+        "max_num_batched_tokens": args.max_num_batched_tokens,
+        "enforce_eager": args.mode == "eager",
+        "enable_prefix_caching": False,
+        "limit_mm_per_prompt": {"image": 1, "video": 0},  # no video profiling either
+        # vLLM sizes its own encoder cache from the largest item the preprocessor can make: capped
+        # at the bench's largest image, it is max_num_batched_tokens, as on a server set up for them.
+        "mm_processor_kwargs": {"max_pixels": max_pixels},
+        "disable_log_stats": True,
+    }
+    if args.gpu_memory_utilization:
+        kw["gpu_memory_utilization"] = args.gpu_memory_utilization
+    return kw
+
+
+def workloads(args: argparse.Namespace, geometry: dict[str, int]) -> list[dict[str, Any]]:
+    out = []
+    for size_text in args.images.split(","):
+        size = parse_size(size_text)
+        rows = image_tokens(*size, min_pixels=geometry["min_pixels"], max_pixels=geometry["max_pixels"])
+        item_bytes = rows * geometry["hidden"] * 2
+        for name in args.workloads.split(","):
+            wl = build(
+                name,
+                size,
+                requests=args.requests_per_pass,
+                passes=args.passes,
+                item_bytes=item_bytes,
+                region_bytes=args.region_mib * MiB,
+                repeat_pool=args.repeat_pool,
+                pressure_pool=args.pressure_pool,
+                zipf=args.zipf,
+                seed=args.seed,
+            )
+            wl.notes.update(image_tokens=rows, item_bytes=item_bytes)
+            out.append(wl.to_dict())
+    return out
+
+
+def epd_spec(args: argparse.Namespace, spec: dict[str, Any], run_id: str, tag: str) -> dict[str, Any]:
+    """E→PD: the consumer takes the arm's connector as ec_consumer; a producer engine is added."""
+    arm, region = spec["arm"], args.region_mib * MiB
+    spec["connector"] = connector_config(arm, region, f"bench-{run_id}-{tag}-pd", "ec_consumer")
+    spec["producer_connector"] = connector_config(arm, region, f"bench-{run_id}-{tag}-e", "ec_producer")
+    spec["producer_engine"] = {
+        **spec["engine"],
+        "gpu_memory_utilization": args.epd_producer_mem,
+        "max_num_batched_tokens": args.max_num_batched_tokens,
+    }
+    spec["engine"]["gpu_memory_utilization"] = args.gpu_memory_utilization or args.epd_consumer_mem
+    return spec
+
+
+def arm_workloads(arm: str, wls: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The limit (encoder stubbed) is the no-connector engine's floor: only `none` serves it."""
+    return [w for w in wls if arm == "none" or not w["stub_encoder"]]
+
+
+def estimate_s(args: argparse.Namespace, arms: list[str], wls: list[dict[str, Any]]) -> float:
+    start = args.est_start_s if args.est_start_s else (12.0 if args.mode == "eager" else 60.0)
+    total = 0.0
+    for arm in arms:
+        reqs = sum(sum(len(p["seeds"]) for p in w["passes"]) for w in arm_workloads(arm, wls))
+        total += start + 15.0 + reqs / args.est_req_s
+    return total * args.rounds
+
+
+def child_env(hook_dir: Path) -> dict[str, str]:
+    """The engine child's environment: the hook folder first on PYTHONPATH (its sitecustomize runs
+    in every process of the engine), then this package's folder unless the interpreter finds it
+    anyway (a source checkout or PYTHONPATH; site-packages must keep its place after the stdlib)."""
+    env = dict(os.environ)
+    path = [str(hook_dir)]
+    if str(PACKAGE_PARENT) not in {str(Path(p).resolve()) for p in site.getsitepackages()}:
+        path.append(str(PACKAGE_PARENT))
+    path += [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+    env["PYTHONPATH"] = os.pathsep.join(path)
+    env[HOOK_DIR_ENV] = str(hook_dir)
+    env.setdefault("VLLM_NO_USAGE_STATS", "1")
+    env.setdefault("HF_HUB_OFFLINE", "1")
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    return env
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+class Stopped(Exception):
+    """The parent got SIGTERM (e.g. from `timeout`): stop, keep what is done."""
+
+
+def _on_sigterm(signum: int, frame: Any) -> None:
+    raise Stopped(f"signal {signum}")
+
+
+def _echo(tail: Any) -> None:
+    for line in tail.readlines():
+        if line.startswith("[bench]"):
+            print(f"  {line.rstrip()}", flush=True)
+
+
+def _wait(proc: subprocess.Popen, log: Path, started: float, timeout_s: float) -> str:
+    """Echo the child's progress lines until it exits or its timeout; returns its status."""
+    with log.open() as tail:
+        while True:
+            _echo(tail)
+            code = proc.poll()
+            if code is not None:
+                _echo(tail)
+                return {0: "ok", 3: "skipped"}.get(code, f"failed (exit {code})")
+            if time.monotonic() - started > timeout_s:
+                return f"failed (killed after {timeout_s:.0f} s)"
+            time.sleep(0.5)
+
+
+def _reap_group(proc: subprocess.Popen, grace_s: float) -> None:
+    """Wait for every process of the child's group (EngineCore, workers) to go, so the next arm
+    starts on a free GPU: `grace_s`, then SIGTERM, then SIGKILL what stays."""
+    pgid = proc.pid
+    for sig, wait_s in ((None, grace_s), (signal.SIGTERM, 10.0), (signal.SIGKILL, 10.0)):
+        if sig is not None and _group_alive(pgid):
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pgid, sig)
+        deadline = time.monotonic() + wait_s
+        while True:
+            proc.poll()  # reap the leader: a zombie still counts as a member of its group
+            if not _group_alive(pgid) or time.monotonic() >= deadline:
+                break
+            time.sleep(0.2)
+        if not _group_alive(pgid):
+            return
+
+
+def _in_use(path: Path) -> bool:
+    """Whether any process has `path` open or mapped (Linux /proc; unreadable entries are skipped)."""
+    target = str(path)
+    for proc_dir in Path("/proc").glob("[0-9]*"):
+        with contextlib.suppress(OSError):
+            for fd in (proc_dir / "fd").iterdir():
+                with contextlib.suppress(OSError):
+                    if os.readlink(fd) == target:
+                        return True
+            if target in (proc_dir / "maps").read_text():
+                return True
+    return False
+
+
+def run_child(spec: dict[str, Any], work: Path, log: Path, timeout_s: float) -> dict[str, Any]:
+    """Run one engine child to its end or its timeout; returns its status and JSON lines."""
+    hook_dir = Path(tempfile.mkdtemp(prefix="hook_", dir=work))
+    shutil.copyfile(Path(serving_hook.__file__), hook_dir / "sitecustomize.py")
+    spec_path = work / f"{spec['tag']}.spec.json"
+    spec_path.write_text(json.dumps(spec))
+    child = "serving_epd" if "producer_engine" in spec else "serving_engine"
+    cmd = [sys.executable, "-m", f"{__package__}.{child}", str(spec_path)]
+    shm_before = set(Path("/dev/shm").glob("vllm_ec_*"))
+    started = time.monotonic()
+    with log.open("w") as logf:
+        proc = subprocess.Popen(
+            cmd, env=child_env(hook_dir), stdout=logf, stderr=subprocess.STDOUT, start_new_session=True
+        )
+    status = ""
+    try:
+        status = _wait(proc, log, started, timeout_s)
+    finally:
+        # also when the parent is stopped (SIGTERM, Ctrl-C) mid-child: then no grace
+        _reap_group(proc, 20.0 if status and "killed" not in status else 0.0)
+    lines = []
+    results = Path(spec["results"])
+    if results.exists():
+        lines = [json.loads(line) for line in results.read_text().splitlines() if line.strip()]
+    record: dict[str, Any] = {"status": status, "seconds": time.monotonic() - started, "log": str(log)}
+    for line in lines:
+        kind = line.pop("kind")
+        if kind == "engine":
+            record["engine"] = line
+        elif kind == "workload":
+            record.setdefault("workloads", []).append(line)
+        elif kind == "skipped":
+            record["reason"] = line["reason"]
+    # Region files the engine left (a killed engine cannot unlink its own): recorded, then removed
+    # so the next arms do not run short of /dev/shm; only files no process holds, since on a shared
+    # host other engines' regions appear there too.
+    left = [f for f in sorted(set(Path("/dev/shm").glob("vllm_ec_*")) - shm_before) if not _in_use(f)]
+    if left:
+        record["leftover_shm"] = [str(f) for f in left]
+        for f in left:
+            f.unlink(missing_ok=True)
+    if status.startswith("failed"):
+        record["log_tail"] = log.read_text(errors="replace").splitlines()[-25:]
+    shutil.rmtree(hook_dir, ignore_errors=True)
+    return record
+
+
+def run(args: argparse.Namespace) -> int:
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    run_id = f"{stamp}-{uuid.uuid4().hex[:6]}"
+    work = out / f"work-{run_id}"
+    work.mkdir()
+    model = prepare_model(args, out)
+    geometry = model_geometry(model)
+    # the pixels of the largest image after the model's own resize (capping below it would shrink it)
+    max_pixels = max(
+        rw * rh
+        for rw, rh in (
+            resized(*parse_size(s), min_pixels=geometry["min_pixels"], max_pixels=geometry["max_pixels"])
+            for s in args.images.split(",")
+        )
+    )
+    wls = workloads(args, geometry)
+    arms = args.arms.split(",")
+    epd = [w["name"] for w in wls].count("epd")
+    if epd and epd != len(wls):
+        raise SystemExit("--workloads epd runs alone (its engines differ): give it in a run of its own")
+    for arm in arms:
+        if arm not in ARMS:
+            raise SystemExit(f"unknown arm {arm!r}: expected some of {','.join(ARMS)}")
+    est = estimate_s(args, arms, wls)
+    names = [f"{w['name']}@{w['size'][0]}x{w['size'][1]}" for w in wls]
+    print(
+        f"serving bench {run_id}: mode {args.mode}, {args.rounds} round(s) x arms {','.join(arms)}, "
+        f"workloads {','.join(names)}; "
+        f"estimate {est / 60:.1f} min (engine start {args.est_start_s or 'default'} s, "
+        f"{args.est_req_s:g} req/s assumed)",
+        flush=True,
+    )
+    for w in wls:
+        n = w["notes"]
+        print(
+            f"  {w['name']}@{w['size'][0]}x{w['size'][1]}: {n['image_tokens']} tokens/image "
+            f"({n['item_bytes'] / MiB:.2f} MiB), pool {w['pool'] or 'all new'}, region holds "
+            f"{n['region_images']} images, passes {[len(p['seeds']) for p in w['passes']]} "
+            f"(first not measured)",
+            flush=True,
+        )
+    if args.dry_run:
+        shutil.rmtree(work, ignore_errors=True)
+        return 0
+    result: dict[str, Any] = {
+        "bench": "serving",
+        "run_id": run_id,
+        "date": time.strftime("%Y-%m-%d %H:%M:%S %z"),
+        "host": os.uname().nodename,
+        "device_note": args.device_note,
+        "mode": args.mode,
+        "argv": sys.argv[1:],
+        "config": {k: v for k, v in vars(args).items() if k not in ("func", "command", "kind")},
+        "model": str(model),
+        "geometry": geometry,
+        "workloads": [{k: w[k] for k in ("name", "size", "pool", "notes")} for w in wls],
+        "engines": [],
+    }
+    json_path = out / f"serving-{args.mode}-{run_id}.json"
+    signal.signal(signal.SIGTERM, _on_sigterm)
+    try:
+        run_rounds(args, result, json_path, work, wls, arms, model, max_pixels, epd)
+    except (Stopped, KeyboardInterrupt) as why:
+        result["stopped"] = str(why) or "interrupted"
+        print(f"stopped ({result['stopped']}): keeping what finished", flush=True)
+    json_path.write_text(json.dumps(result, indent=1))
+    if not args.keep_work:
+        shutil.rmtree(work, ignore_errors=True)
+    print(f"wrote {json_path}", flush=True)
+    serving_report.print_report([result])
+    failed = [e for e in result["engines"] if not e["status"].startswith(("ok", "skipped"))]
+    return 1 if failed or "stopped" in result else 0
+
+
+def run_rounds(
+    args: argparse.Namespace,
+    result: dict[str, Any],
+    json_path: Path,
+    work: Path,
+    wls: list[dict[str, Any]],
+    arms: list[str],
+    model: Path,
+    max_pixels: int,
+    epd: int,
+) -> None:
+    """The alternating rounds; the JSON is rewritten after each engine, so a stop loses nothing done."""
+    run_id = result["run_id"]
+    t_start = time.monotonic()
+    skipped: dict[str, str] = {}
+    for r in range(args.first_round, args.first_round + args.rounds):
+        for arm in rotated(arms, r):
+            tag = f"r{r}-{arm}"
+            if arm in skipped:
+                result["engines"].append(
+                    {"round": r, "arm": arm, "status": "skipped", "reason": skipped[arm]}
+                )
+                continue
+            one = estimate_s(argparse.Namespace(**{**vars(args), "rounds": 1}), [arm], wls)
+            left = args.budget_s - (time.monotonic() - t_start) if args.budget_s else float("inf")
+            if one > left:
+                print(f"round {r} arm {arm}: not run ({left:.0f} s of --budget-s left, ~{one:.0f} s needed)")
+                result["engines"].append({"round": r, "arm": arm, "status": "not run (budget)"})
+                json_path.write_text(json.dumps(result, indent=1))
+                continue
+            mine = arm_workloads(arm, wls)
+            spec = {
+                "arm": arm,
+                "tag": tag,
+                "round": r,
+                "results": str(work / f"{tag}.jsonl"),
+                "connector": connector_config(arm, args.region_mib * MiB, f"bench-{run_id}-{tag}"),
+                "engine": engine_args(args, model, max_pixels),
+                "workloads": mine,
+                "arrival": {"rate": args.rate} if args.rate else {"concurrency": args.concurrency},
+                "max_tokens": args.max_tokens,
+            }
+            if epd:
+                spec = epd_spec(args, spec, run_id, tag)
+            timeout = min(args.child_timeout_s or one * 2 + TIMEOUT_SLACK_S, left)
+            print(f"round {r} arm {arm}: starting engine (timeout {timeout:.0f} s)", flush=True)
+            record = run_child(spec, work, json_path.parent / f"{run_id}-{tag}.log", timeout)
+            record.update(round=r, arm=arm)
+            result["engines"].append(record)
+            if record["status"] == "skipped":
+                skipped[arm] = record.get("reason", "skipped")
+            print(f"round {r} arm {arm}: {record['status']} in {record['seconds']:.0f} s", flush=True)
+            json_path.write_text(json.dumps(result, indent=1))
+
+
+def report(args: argparse.Namespace) -> int:
+    runs = [json.loads(Path(p).read_text()) for p in args.files]
+    serving_report.print_report(runs)
+    if args.png:
+        serving_report.plot(runs, Path(args.png))
+        print(f"wrote {args.png}")
+    return 0
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add_commands(p)
+    return p
+
+
+def add_commands(p: argparse.ArgumentParser) -> None:
+    """The `run` and `report` subcommands and their options, on `p` (this script's parser or the
+    `ec-connector bench serving` one); each sets `func`, which takes the parsed arguments."""
+    sub = p.add_subparsers(dest="serving_command", required=True, metavar="{run,report}")
+    r = sub.add_parser("run", help="run the arms alternately and write one JSON")
+    r.add_argument("--out", required=True, help="folder for the run's JSON, logs and model")
+    r.add_argument("--model", help="a model folder (default: write tools/tiny_vlm.py --shape SHAPE)")
+    r.add_argument(
+        "--shape", choices=("tiny", "7b"), default="7b", help="model written when --model is absent"
+    )
+    r.add_argument("--mode", choices=("eager", "compiled"), default="eager", help="enforce_eager or not")
+    r.add_argument("--arms", default=",".join(ARMS), help="comma list of none,upstream,ours")
+    r.add_argument("--workloads", default="unique,repeat,pressure,limit", help=f"comma list of {WORKLOADS}")
+    r.add_argument("--images", default="896x672", help="comma list of image sizes, e.g. 896x672,448x336")
+    r.add_argument("--rounds", type=int, default=3, help="alternating rounds (3)")
+    r.add_argument("--first-round", type=int, default=0, help="first round's number (rotation continues)")
+    r.add_argument("--requests-per-pass", type=int, default=96, help="unique and pressure pass size (96)")
+    r.add_argument("--passes", type=int, default=2, help="measured passes per workload (2)")
+    r.add_argument(
+        "--repeat-pool", type=int, default=0, help="repeat pool (0: min(requests, 80%% of region))"
+    )
+    r.add_argument("--pressure-pool", type=int, default=0, help="pressure pool (0: 4x the region's images)")
+    r.add_argument("--zipf", type=float, default=0.8, help="pressure's Zipf exponent (0.8)")
+    r.add_argument("--region-mib", type=int, default=512, help="ec_cpu_bytes of both connectors, MiB (512)")
+    load = r.add_mutually_exclusive_group()
+    load.add_argument("--concurrency", type=int, default=32, help="closed loop: requests in flight (32)")
+    load.add_argument("--rate", type=float, default=0.0, help="open loop: fixed arrival rate, req/s")
+    r.add_argument("--max-tokens", type=int, default=8, help="output tokens per request (8, ignore_eos)")
+    r.add_argument("--max-model-len", type=int, default=2048)
+    r.add_argument("--max-num-seqs", type=int, default=64)
+    r.add_argument("--max-num-batched-tokens", type=int, default=8192)
+    r.add_argument("--gpu-memory-utilization", type=float, default=0.0, help="(0: vLLM's default)")
+    r.add_argument("--epd-producer-mem", type=float, default=0.3, help="E->PD producer's GPU memory share")
+    r.add_argument("--epd-consumer-mem", type=float, default=0.55, help="E->PD consumer's share (0.55)")
+    r.add_argument("--seed", type=int, default=0, help="workload seed")
+    r.add_argument("--child-timeout-s", type=float, default=0.0, help="per engine (0: 2x its estimate + 120)")
+    r.add_argument("--est-start-s", type=float, default=0.0, help="engine start for the estimate")
+    r.add_argument("--est-req-s", type=float, default=25.0, help="req/s for the estimate (25)")
+    r.add_argument("--device-note", default="", help="what ran it (recorded in the JSON)")
+    r.add_argument("--keep-work", action="store_true", help="keep the per-child specs and JSON lines")
+    r.add_argument(
+        "--budget-s", type=float, default=0.0, help="stop starting engines that would end past this (0: none)"
+    )
+    r.add_argument("--dry-run", action="store_true", help="print the plan and the estimate, start nothing")
+    r.set_defaults(func=run)
+    rep = sub.add_parser("report", help="merge run JSONs: ratios against upstream and none, spread")
+    rep.add_argument("files", nargs="+")
+    rep.add_argument("--png", help="write a PNG (needs matplotlib)")
+    rep.set_defaults(func=report)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    return int(args.func(args))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
