@@ -8,6 +8,6 @@
 - `build.py`: compiles each source with the system's C compiler on first use and caches the library.
 
 `batchplan.c`'s `io[]` slots are listed in C (its first enum) and in `batchplan.py` (the `IN_*`/
-`OUT_*` names, in the same order); tests/unit/test_batch_plan_slots.py parses both and fails when
+`OUT_*` names, in the same order); tests/adapters/test_batch_plan_slots.py parses both and fails when
 they differ, as it does for the workspace sections, the status codes and queue.h's `EC_CALL_*`.
 """

@@ -19,7 +19,7 @@
 #include "queue.h"
 
 /* io[] slots: inputs the caller sets, then outputs written here (names mirrored in batchplan.py;
- * tests/unit/test_batch_plan_slots.py compares the two lists) */
+ * tests/adapters/test_batch_plan_slots.py compares the two lists) */
 enum {
     IN_COPIES, IN_RUNS, IN_CAPACITY, IN_NUM_BLOCKS, IN_ROW_BYTES, IN_HOST, IN_DENSE,
     IN_ITEM_BYTES, IN_BIG_ROWS, IN_FEW_RUNS, IN_MIXED_MIN_RUNS, IN_BASE_ALIGN, IN_SAVE, IN_FEW_SHORT,

@@ -28,7 +28,7 @@ from ec_connector.domain.transfers import PlannedCopy
 
 SOURCE = Path(__file__).with_name("batchplan.c")
 
-# io[] slots, as batchplan.c numbers them (tests/unit/test_batch_plan_slots.py compares the lists)
+# io[] slots, as batchplan.c numbers them (tests/adapters/test_batch_plan_slots.py compares the lists)
 (
     IN_COPIES,
     IN_RUNS,
