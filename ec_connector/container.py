@@ -21,10 +21,10 @@ Settings (of this process; the extra config comes parsed, as `config`):
     side_host, side_port  where a producer's control server listens and what it advertises (P2P)
 
 The event sink is the ZMQ event feed when `event_feed_address` is set (zmq is then imported, even in
-local mode), else LogEventSink. With `fleet_peers` set (ec_both or ec_consumer, NIXL on), the supply
-is a FleetFetcher in front of the consumer fetcher, fed by a PeerDirectory that a FleetUpdater keeps
-from every peer's event feed (ZmqFleetFeed, a resource: its thread starts with the supply and stops
-at `shutdown_resources`).
+local mode; its events are authenticated with `side_channel_secret` when set), else LogEventSink.
+With `fleet_peers` set (ec_both or ec_consumer, NIXL on), the supply is a FleetFetcher in front of
+the consumer fetcher, fed by a PeerDirectory that a FleetUpdater keeps from every peer's event feed
+(ZmqFleetFeed, a resource: its thread starts with the supply and stops at `shutdown_resources`).
 """
 
 from __future__ import annotations
@@ -231,7 +231,7 @@ def _event_sink(config: ZmqSettings, dp_rank: int) -> Iterator[EventSink]:
         return
     from ec_connector.adapters.zmq_control.events import ZmqEventSink
 
-    sink = ZmqEventSink(endpoint)
+    sink = ZmqEventSink(endpoint, secret=config.side_channel_secret)
     try:
         yield sink
     finally:
@@ -260,7 +260,7 @@ def _p2p_mode(p2p: bool) -> str:
 
 
 def _supply_mode(config: Settings) -> str:
-    """"fleet" (pulls of forwarded params and of the fleet's entries), "p2p" (forwarded params
+    """ "fleet" (pulls of forwarded params and of the fleet's entries), "p2p" (forwarded params
     only) or "local"."""
     if config.p2p_loads and config.fleet.enabled:
         return "fleet"
@@ -317,6 +317,7 @@ def _fleet_feed(config: Settings, updater: FleetUpdater) -> Iterator[object]:
         tick_s=min(1.0, timeout / 3),
         # a peer that stops answering PINGs is gone after the configured heartbeat timeout
         heartbeat=Heartbeat(ivl_s=min(1.0, timeout / 3), timeout_s=timeout, ttl_s=min(6553.0, 2 * timeout)),
+        secret=config.zmq.side_channel_secret,
     )
     feed.start()
     try:

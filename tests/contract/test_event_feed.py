@@ -197,3 +197,83 @@ def test_hostile_frames_from_a_raw_publisher_raise_clear_errors_in_the_decoder(c
             decode_event(received)
     pub.send_multipart([b"ec.evicted", _payload(mm_hash="still-fine")])
     assert decode_event(receive(sub)).mm_hash == "still-fine", "the subscriber keeps reading after bad frames"
+
+
+# -- authenticated feed (side_channel_secret set) ----------------------------------------------
+
+
+def test_with_a_secret_each_event_carries_a_trailer_that_the_same_secret_verifies(context):
+    from ec_connector.adapters.zmq_control.auth import FrameAuth
+
+    secured = ZmqEventSink("tcp://127.0.0.1:*", secret="fleet-secret")
+    try:
+        sub = context.socket(zmq.SUB)
+        sub.connect(secured.address)
+        sub.setsockopt(zmq.SUBSCRIBE, b"ec.")
+        deadline = time.monotonic() + JOIN_LIMIT_S
+        event = CacheEvent(EventKind.STORED, "img", "engine-a", 4096)
+        while not sub.poll(20):
+            assert time.monotonic() < deadline, "the subscription never reached the publisher"
+            secured.publish(event)
+        frames = sub.recv_multipart()
+    finally:
+        secured.close()
+    assert len(frames) == 3
+    decoded = decode_event(frames, FrameAuth("fleet-secret"))
+    assert (decoded.kind, decoded.mm_hash, decoded.size_bytes) == (EventKind.STORED, "img", 4096)
+
+
+def _sealed(secret: str) -> list[bytes]:
+    from ec_connector.adapters.zmq_control.auth import FrameAuth
+    from ec_connector.adapters.zmq_control.events import encode_event
+
+    event = CacheEvent(EventKind.EVICTED, "img", "engine-a", 4096)
+    return encode_event(event, seq=1, ts=1.0, auth=FrameAuth(secret))
+
+
+@pytest.mark.parametrize(
+    ("frames", "secret", "message"),
+    [
+        (
+            lambda: _sealed("s"),
+            None,
+            "event message has 3 frame(s), expected 2 (topic, payload): the feed authenticates its events "
+            "but no secret is configured here",
+        ),
+        (
+            lambda: _sealed("s")[:2],
+            "s",
+            "unauthenticated event, but a secret is configured here",
+        ),
+        (
+            lambda: _sealed("s"),
+            "t",
+            "frame MAC does not verify: the peer holds another secret (or none)",
+        ),
+        (
+            lambda: [*_sealed("s")[:2], _sealed("s")[2][:-1]],
+            "s",
+            "authentication trailer of 55 bytes, expected 56",
+        ),
+        (
+            lambda: [*_sealed("s"), b"x"],
+            "s",
+            "event message has 4 frame(s), expected 3 (topic, payload, trailer)",
+        ),
+    ],
+    ids=["no-secret-here", "unsealed", "other-secret", "short-trailer", "extra-frame"],
+)
+def test_events_that_do_not_authenticate_are_refused_naming_why(frames, secret, message):
+    from ec_connector.adapters.zmq_control.auth import FrameAuth
+
+    with pytest.raises(EventFrameError, match="^" + message.replace("(", r"\(").replace(")", r"\)") + "$"):
+        decode_event(frames(), FrameAuth(secret) if secret else None)
+
+
+def test_a_replayed_event_is_refused():
+    from ec_connector.adapters.zmq_control.auth import FrameAuth
+
+    auth, frames = FrameAuth("s"), _sealed("s")
+    assert decode_event(frames, auth).mm_hash == "img"
+    with pytest.raises(EventFrameError, match="nonce already seen inside the window: a replay"):
+        decode_event(frames, auth)

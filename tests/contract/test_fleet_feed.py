@@ -38,7 +38,7 @@ def wait_for(
 class Wired:
     """A fleet feed subscribed to `sink`, driving an updater over a fresh directory."""
 
-    def __init__(self, feeds: list[FeedPeer]) -> None:
+    def __init__(self, feeds: list[FeedPeer], *, secret: str | None = None) -> None:
         self.directory = PeerDirectory()
         self.stats = FleetStats()
         self.updater = FleetUpdater(
@@ -66,6 +66,7 @@ class Wired:
             on_gone=gone,
             on_tick=tick,
             tick_s=0.05,
+            secret=secret,
         )
         self.feed.start()
 
@@ -130,6 +131,35 @@ def test_hostile_frames_are_dropped_and_the_feed_keeps_reading():
         wired.feed.close()
         raw.close(linger=0)
         ctx.term()
+
+
+def test_with_the_fleets_secret_authenticated_events_are_applied():
+    sink = ZmqEventSink("tcp://127.0.0.1:*", secret="fleet-secret")
+    wired = Wired([FeedPeer(A, sink.address)], secret="fleet-secret")
+    try:
+        assert publish_until_located(sink, wired, "img")
+        assert wired.feed.rejected == 0
+    finally:
+        wired.feed.close()
+        sink.close()
+
+
+@pytest.mark.parametrize(
+    ("published_with", "read_with"),
+    [("fleet-secret", "another"), ("fleet-secret", None), (None, "fleet-secret")],
+    ids=["other-secret", "no-secret-here", "unauthenticated-feed"],
+)
+def test_events_that_do_not_authenticate_are_dropped_and_counted(published_with, read_with):
+    sink = ZmqEventSink("tcp://127.0.0.1:*", secret=published_with)
+    wired = Wired([FeedPeer(A, sink.address)], secret=read_with)
+    event = CacheEvent(EventKind.STORED, "img", "engine-a", 4096)
+    try:
+        assert wait_for(lambda: wired.feed.rejected >= 3, tick=lambda: sink.publish(event))
+        assert wired.directory.locate("img") is None and len(wired.directory) == 0
+        assert wired.feed.received == 0
+    finally:
+        wired.feed.close()
+        sink.close()
 
 
 def test_peer_ids_must_be_distinct():

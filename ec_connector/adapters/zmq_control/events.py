@@ -9,6 +9,12 @@ Wire format (`FEED_VERSION` 1). Each event is one two-frame ZMQ message:
     frame 1, payload:  MessagePack map {"version": 1, "kind": str, "seq": int, "ts": float,
                                         "engine_id": str, "mm_hash": str, "size_bytes": int}
 
+With `side_channel_secret` set, every event carries a third frame, the trailer of auth.py
+(timestamp | nonce | HMAC-SHA256 of the secret over label b"ec-feed/event", timestamp, nonce and
+the payload): a subscriber holding the secret refuses events whose MAC does not verify, whose
+timestamp is outside the window, or whose nonce it saw (replay); a subscriber without the secret
+refuses them all, as one with a secret refuses unauthenticated events (fails closed, visibly).
+
 Subscribe to b"ec." for every kind, or to one topic. `seq` counts every event this publisher was
 handed, from 1, so a gap in `seq` is an event the subscriber missed (dropped at a full queue, or
 sent before it connected). `ts` is the publisher's wall clock (Unix seconds). `version` comes
@@ -33,12 +39,16 @@ import zmq
 from ec_connector.domain.errors import ProtocolError
 from ec_connector.domain.transfers import CacheEvent, EventKind
 
+from .auth import AuthFailure, FrameAuth
+
 log = structlog.get_logger(__name__)
 
 FEED_VERSION = 1
 TOPIC_PREFIX = b"ec."
 MAX_EVENT_BYTES = 4096
 DEFAULT_HWM = 10_000
+FEED_LABEL = b"ec-feed/event"
+"""What an event's MAC is computed under, so that no control frame can be played as an event."""
 
 
 def topic(kind: EventKind | str) -> bytes:
@@ -87,8 +97,8 @@ _payload = msgspec.msgpack.Decoder(_Payload)
 _KINDS = ", ".join(k.value for k in EventKind)
 
 
-def encode_event(event: CacheEvent, *, seq: int, ts: float) -> list[bytes]:
-    """The two frames (topic, payload) of `event`."""
+def encode_event(event: CacheEvent, *, seq: int, ts: float, auth: FrameAuth | None = None) -> list[bytes]:
+    """The frames of `event`: topic and payload, and the trailer when `auth` is given."""
     body = _Payload(
         version=FEED_VERSION,
         kind=EventKind(event.kind).value,
@@ -98,13 +108,26 @@ def encode_event(event: CacheEvent, *, seq: int, ts: float) -> list[bytes]:
         mm_hash=event.mm_hash,
         size_bytes=event.size_bytes,
     )
-    return [topic(event.kind), _encoder.encode(body)]
+    payload = _encoder.encode(body)
+    if auth is None:
+        return [topic(event.kind), payload]
+    return [topic(event.kind), payload, auth.seal(FEED_LABEL, payload)]
 
 
-def decode_event(frames: Sequence[bytes | memoryview]) -> FeedEvent:
-    """The event in one feed message (its frames); raises EventFrameError naming the problem."""
-    if len(frames) != 2:
-        raise EventFrameError(f"event message has {len(frames)} frame(s), expected 2 (topic, payload)")
+def decode_event(frames: Sequence[bytes | memoryview], auth: FrameAuth | None = None) -> FeedEvent:
+    """The event in one feed message (its frames), authenticated with `auth` when given (the
+    feed's `side_channel_secret`); raises EventFrameError naming the problem."""
+    if auth is None and len(frames) == 3:
+        raise EventFrameError(
+            "event message has 3 frame(s), expected 2 (topic, payload): the feed authenticates its "
+            "events but no secret is configured here"
+        )
+    if auth is not None and len(frames) == 2:
+        raise EventFrameError("unauthenticated event, but a secret is configured here")
+    expected = 2 if auth is None else 3
+    if len(frames) != expected:
+        shape = "topic, payload" if auth is None else "topic, payload, trailer"
+        raise EventFrameError(f"event message has {len(frames)} frame(s), expected {expected} ({shape})")
     head, payload = bytes(frames[0]), bytes(frames[1])
     if not head.startswith(TOPIC_PREFIX):
         raise EventFrameError(
@@ -112,6 +135,11 @@ def decode_event(frames: Sequence[bytes | memoryview]) -> FeedEvent:
         )
     if len(payload) > MAX_EVENT_BYTES:
         raise EventFrameError(f"event payload of {len(payload)} bytes exceeds {MAX_EVENT_BYTES}")
+    if auth is not None:
+        try:
+            auth.check(FEED_LABEL, payload, bytes(frames[2]))
+        except AuthFailure as err:
+            raise EventFrameError(str(err)) from None
     try:
         version = _probe.decode(payload).version
     except (msgspec.DecodeError, msgspec.ValidationError) as err:
@@ -154,6 +182,7 @@ class ZmqEventSink:
 
     Thread-safe (the scheduler thread and the control server's I/O thread both publish).
     `published` and `dropped` count events sent and events refused at a full subscriber queue.
+    With `secret`, every event carries its authentication trailer.
     """
 
     def __init__(
@@ -162,7 +191,9 @@ class ZmqEventSink:
         *,
         hwm: int = DEFAULT_HWM,
         wall_clock: Callable[[], float] = time.time,
+        secret: str | None = None,
     ) -> None:
+        self._auth = FrameAuth(secret) if secret else None
         self._context = zmq.Context()
         self._socket: Any = self._context.socket(zmq.XPUB)
         self._socket.setsockopt(zmq.LINGER, 0)
@@ -193,7 +224,7 @@ class ZmqEventSink:
             self._seq += 1
             if (self._seq - 1) % SUBSCRIPTIONS_EVERY == 0:
                 self._drain_subscriptions()
-            frames = encode_event(event, seq=self._seq, ts=self._wall_clock())
+            frames = encode_event(event, seq=self._seq, ts=self._wall_clock(), auth=self._auth)
             try:
                 self._socket.send_multipart(frames, flags=zmq.NOBLOCK)
             except zmq.Again:

@@ -13,8 +13,9 @@ container points at `FleetUpdater` (`peer_seen`, `apply`, `peer_gone`, `tick`):
   after a PING: a stopped or partitioned peer): `on_gone(peer_id)` at once. ZMQ reconnects by
   itself; the next handshake reports the peer seen again.
 
-Frames that do not decode are dropped and counted (`rejected`); a callback that raises is logged
-and never stops the thread.
+Frames that do not decode, or (with `secret`, the fleet's `side_channel_secret`) do not
+authenticate, are dropped and counted (`rejected`); a callback that raises is logged and never
+stops the thread.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from zmq.utils.monitor import recv_monitor_message
 from ec_connector.domain.directory import Peer
 from ec_connector.domain.transfers import CacheEvent
 
+from .auth import FrameAuth
 from .events import TOPIC_PREFIX, EventFrameError, decode_event
 from .sockets import Heartbeat
 
@@ -63,6 +65,7 @@ class ZmqFleetFeed:
         on_tick: Callable[[], object],
         tick_s: float = 1.0,
         heartbeat: Heartbeat = FEED_HEARTBEAT,
+        secret: str | None = None,
     ) -> None:
         ids = [p.peer.peer_id for p in peers]
         if len(set(ids)) != len(ids):
@@ -73,6 +76,7 @@ class ZmqFleetFeed:
         self._on_seen, self._on_event, self._on_gone, self._on_tick = on_seen, on_event, on_gone, on_tick
         self._tick_s = tick_s
         self._heartbeat = heartbeat
+        self._auth = FrameAuth(secret) if secret else None  # used by the feed's thread alone
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.received = 0
@@ -136,7 +140,7 @@ class ZmqFleetFeed:
             except zmq.Again:
                 return
             try:
-                event = decode_event(frames)
+                event = decode_event(frames, self._auth)
             except EventFrameError as err:
                 self.rejected += 1
                 if self.rejected & (self.rejected - 1) == 0:  # the 1st, 2nd, 4th... only
