@@ -63,7 +63,7 @@ class ECTierConnector(ECConnectorBase):
     get_ec_connector_stats, shutdown) answer for the role they run on.
     """
 
-    _scheduler: TierScheduler  # the scheduler's instance only, as are the next three
+    _scheduler: TierScheduler  # the scheduler's instance only, as are the next five
     _supply: Supply
     _publisher: Publisher
     _scopes: RequestScopes
