@@ -25,6 +25,32 @@ def _read(table: EntryTable, key: str) -> None:
     table.unpin(key)
 
 
+def seed(table: EntryTable, specs: list[tuple[int, str]]) -> set[str]:
+    """Reserve entries k0, k1, ... of the given sizes in the given states (KINDS) until the table is
+    full; returns the keys no policy may evict (pinned, granted, announced, not ready, quarantined)."""
+    held: set[str] = set()
+    for i, (size, kind) in enumerate(specs):
+        key = f"k{i}"
+        if size > table.blocks.free_blocks:
+            break
+        table.reserve(key, size, now=0.0, lease_s=LEASE)
+        if kind == "quarantined":
+            table.quarantine(key, now=0.0, quarantine_s=LEASE)
+        elif kind != "not_ready":
+            table.mark_ready(key)
+        if kind == "read":
+            _read(table, key)
+        elif kind == "pinned":
+            table.pin(key)
+        elif kind == "granted":
+            table.grant(key, i, now=0.0, lease_s=LEASE)
+        elif kind == "announced":
+            table.announce(key, now=0.0, lease_s=LEASE)
+        if kind in ("pinned", "granted", "announced", "not_ready", "quarantined"):
+            held.add(key)
+    return held
+
+
 def _evicted(table: EntryTable, key: str, rows: int) -> list[str]:
     res = table.reserve(key, rows, now=1.0, lease_s=LEASE)
     assert res is not None
@@ -122,26 +148,7 @@ KINDS = ["ready", "ready", "ready", "read", "pinned", "granted", "announced", "n
 )
 def test_no_policy_evicts_a_held_entry_and_blocks_are_conserved(policy, specs, later):
     table = EntryTable(48, eviction=policy)
-    held: set[str] = set()
-    for i, (size, kind) in enumerate(specs):
-        key = f"k{i}"
-        if size > table.blocks.free_blocks:
-            break
-        table.reserve(key, size, now=0.0, lease_s=LEASE)
-        if kind == "quarantined":
-            table.quarantine(key, now=0.0, quarantine_s=LEASE)
-        elif kind != "not_ready":
-            table.mark_ready(key)
-        if kind == "read":
-            _read(table, key)
-        elif kind == "pinned":
-            table.pin(key)
-        elif kind == "granted":
-            table.grant(key, i, now=0.0, lease_s=LEASE)
-        elif kind == "announced":
-            table.announce(key, now=0.0, lease_s=LEASE)
-        if kind in ("pinned", "granted", "announced", "not_ready", "quarantined"):
-            held.add(key)
+    held = seed(table, specs)
     for n, (rows, protect_ids) in enumerate(later):
         protect = {f"k{i}" for i in protect_ids}
         keys_before = {e.key for e in table.entries()}

@@ -21,6 +21,7 @@ from bench.eviction_offline import (
 )
 from ec_connector.domain.cache import EntryTable
 from ec_connector.domain.eviction import EvictionPolicy
+from tests.unit.test_eviction import seed
 
 LEASE = 100.0
 
@@ -100,27 +101,7 @@ def _candidate(name: str, table: EntryTable) -> EvictionPolicy:
 def test_no_candidate_evicts_a_held_entry_and_blocks_are_conserved(name, specs, later):
     table = EntryTable(40)
     table._policy = _candidate(name, table)
-    held: set[str] = set()
-    for i, (size, kind) in enumerate(specs):
-        key = f"k{i}"
-        if size > table.blocks.free_blocks:
-            break
-        table.reserve(key, size, now=0.0, lease_s=LEASE)
-        if kind == "quarantined":
-            table.quarantine(key, now=0.0, quarantine_s=LEASE)
-        elif kind != "not_ready":
-            table.mark_ready(key)
-        if kind == "read":
-            table.pin(key)
-            table.unpin(key)
-        elif kind == "pinned":
-            table.pin(key)
-        elif kind == "granted":
-            table.grant(key, i, now=0.0, lease_s=LEASE)
-        elif kind == "announced":
-            table.announce(key, now=0.0, lease_s=LEASE)
-        if kind in ("pinned", "granted", "announced", "not_ready", "quarantined"):
-            held.add(key)
+    held = seed(table, specs)
     for n, (rows, protect_ids, reads) in enumerate(later):
         protect = {f"k{i}" for i in protect_ids}
         free = table.blocks.free_blocks
