@@ -119,7 +119,7 @@ def run(say: TextIO, log: Path) -> int:
         f"    encoder runs       {stats.saves_planned} (each offloaded), "
         f"{stats.loads_done} avoided by reloads",
         f"    bytes              {stats.bytes_saved} saved to /dev/shm, {stats.bytes_loaded} reloaded",
-        f"    evictions          {stats.evictions} (FIFO; tier of {occ.capacity_bytes} bytes)",
+        f"    evictions          {stats.evictions} (tier of {occ.capacity_bytes} bytes)",
     ]
     print("\n".join(lines), file=say)
     del llm

@@ -144,7 +144,7 @@ def _report(tally: Tally, stats, occ, wall: float, region_file: Path) -> None:
     )
     print(f"  hit ratio           {stats.hits / max(stats.hits + stats.misses, 1):.0%}")
     print(
-        f"  offloads            {stats.saves_done} done, {stats.evictions} evictions (FIFO), "
+        f"  offloads            {stats.saves_done} done, {stats.evictions} evictions, "
         f"{stats.not_offloaded} not offloaded (region full)"
     )
     print(f"  bytes               {stats.bytes_saved} saved, {stats.bytes_loaded} reloaded")
