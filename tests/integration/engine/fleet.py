@@ -25,7 +25,7 @@ import sys
 import time
 from pathlib import Path
 
-from local_tier import images, install_encoder_counter
+from local_tier import images, install_encoder_counter, tiny_engine
 
 
 def generate(llm, image: int, salt: str | None) -> dict:  # noqa: ANN001
@@ -75,20 +75,7 @@ def main() -> None:
     name, model_dir, work, config_path = sys.argv[1], sys.argv[2], Path(sys.argv[3]), sys.argv[4]
     config = json.loads(Path(config_path).read_text())
     encoded = install_encoder_counter()
-    from vllm import LLM
-
-    llm = LLM(
-        model=model_dir,
-        distributed_executor_backend="uni",
-        dtype="bfloat16",
-        max_model_len=512,
-        max_num_seqs=2,
-        seed=0,
-        enforce_eager=True,
-        enable_prefix_caching=False,
-        limit_mm_per_prompt={"image": 1},
-        ec_transfer_config=config["connector"],
-    )
+    llm = tiny_engine(model_dir, images_per_prompt=1, ec_transfer_config=config["connector"])
     connector = llm.llm_engine.engine_core.engine_core.scheduler.ec_connector
     container = connector._container
     directory = container.peer_directory()

@@ -54,12 +54,33 @@ def install_encoder_counter() -> list[str]:
     return encoded
 
 
+def tiny_engine(model_dir: str, *, images_per_prompt: int, max_num_seqs: int = 2, tp: int = 1, **kwargs):  # noqa: ANN003, ANN201
+    """The engine every script here serves the tiny model with: eager, greedy-ready, prefix caching off
+    (a repeated prompt would skip the encoder), single-process unless TP > 1; `kwargs` add the
+    connector (`ec_transfer_config`) and vLLM's encoder-cache manager (`ec_manager_config`)."""
+    from vllm import LLM
+
+    return LLM(
+        model=model_dir,
+        distributed_executor_backend="uni" if tp == 1 else "mp",
+        tensor_parallel_size=tp,
+        dtype="bfloat16",
+        max_model_len=512,
+        max_num_seqs=max_num_seqs,
+        seed=0,
+        enforce_eager=True,
+        enable_prefix_caching=False,
+        limit_mm_per_prompt={"image": images_per_prompt},
+        **kwargs,
+    )
+
+
 def main() -> None:
     model_dir, out_path, config_path = sys.argv[1], sys.argv[2], sys.argv[3]
     with open(config_path) as f:
         config = json.load(f)
 
-    from vllm import LLM, SamplingParams
+    from vllm import SamplingParams
 
     encoded = install_encoder_counter()
 
@@ -72,19 +93,7 @@ def main() -> None:
             "manager_config": {"cache_size": config["engine_cache_rows"]},
         }
     tp = config.get("tp", 1)
-    llm = LLM(
-        model=model_dir,
-        distributed_executor_backend="uni" if tp == 1 else "mp",
-        tensor_parallel_size=tp,
-        dtype="bfloat16",
-        max_model_len=512,
-        max_num_seqs=2,
-        seed=0,
-        enforce_eager=True,
-        enable_prefix_caching=False,
-        limit_mm_per_prompt={"image": 3},
-        **kwargs,
-    )
+    llm = tiny_engine(model_dir, images_per_prompt=3, tp=tp, **kwargs)
     seen_stats = None
     connector = None
     if tp == 1 and config.get("connector"):

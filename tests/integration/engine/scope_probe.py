@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import sys
 
-from local_tier import images, install_encoder_counter
+from local_tier import images, install_encoder_counter, tiny_engine
 
 # (image index, cache_salt): image 1 between the image-0 requests evicts it from vLLM's cache; the
 # last request follows one of the same image, so vLLM's own cache still holds it.
@@ -24,19 +24,13 @@ WORKLOAD = [(0, "tenant-a"), (1, None), (0, "tenant-b"), (1, "tenant-a"), (0, No
 
 def main() -> None:
     model_dir, out_path, engine_id = sys.argv[1], sys.argv[2], sys.argv[3]
-    from vllm import LLM, SamplingParams
+    from vllm import SamplingParams
 
     encoded = install_encoder_counter()
-    llm = LLM(
-        model=model_dir,
-        distributed_executor_backend="uni",
-        dtype="bfloat16",
-        max_model_len=512,
+    llm = tiny_engine(
+        model_dir,
+        images_per_prompt=1,
         max_num_seqs=1,
-        seed=0,
-        enforce_eager=True,
-        enable_prefix_caching=False,
-        limit_mm_per_prompt={"image": 1},
         ec_transfer_config={
             "ec_connector": "ECTierConnector",
             "ec_connector_module_path": "ec_connector.adapters.vllm",
