@@ -240,16 +240,15 @@ async def serve(engine: Any, spec: dict, out: Results, hook_dir: str) -> None:
                 figures["stubbed_items"] = stub_after - stub_before
                 figures["hook_ms"] = round(sum(ms for _, ms in hooks.values()), 3)
                 passes.append({"label": p.label, "measured": p.measured, **figures, "hooks": hooks})
-                if p.measured:
-                    for method, (calls, ms) in hooks.items():
-                        rec = m_hooks.setdefault(method, [0, 0.0])
-                        rec[0] += calls
-                        rec[1] = round(rec[1] + ms, 3)
                 say(
                     f"{spec['arm']} {wl.key} {p.label}: {len(rows)} req in {wall:.2f} s, "
                     f"encoder items {encoded}, TTFT p50 {figures['ttft_p50_ms'] or 0:.0f} ms"
                 )
                 if p.measured:
+                    for method, (calls, ms) in hooks.items():
+                        rec = m_hooks.setdefault(method, [0, 0.0])
+                        rec[0] += calls
+                        rec[1] = round(rec[1] + ms, 3)
                     measured_rows += rows
                     measured_wall += wall
                     m_items += len(p.seeds)
