@@ -9,6 +9,7 @@
 #   both           ec_both, V2 and V1 runners, eager and compiled   (8 engines, ~5-7 min)
 #   both-eager     the eager half of `both`                          (4 engines, ~2-3 min)
 #   both-compiled  the compiled half of `both`                       (4 engines, ~4-5 min)
+#   v2-compiled, v1-compiled   one runner's compiled case            (2 engines, ~2-3 min each)
 #   epd            E->PD: producer + consumer on the one GPU, NIXL on, producer SIGKILLed (~2-3 min)
 #   server         the OpenAI server with the connector, /metrics     (~1-2 min)
 #   all            every case in one session (longer than one 10-minute command: use parts there)
@@ -95,6 +96,7 @@ args_of() {
     both) echo "tests/gpu_engine/test_ec_both.py" ;;
     both-eager) echo "tests/gpu_engine/test_ec_both.py -k eager" ;;
     both-compiled) echo "tests/gpu_engine/test_ec_both.py -k compiled" ;;
+    v2-compiled|v1-compiled) echo "tests/gpu_engine/test_ec_both.py -k $1" ;;
     epd) echo "tests/gpu_engine/test_epd.py" ;;
     server) echo "tests/gpu_engine/test_openai_server.py" ;;
     all) echo "tests/gpu_engine" ;;
@@ -106,7 +108,7 @@ args_of() {
 
 for part in "${RUN[@]}"; do
   args_of "$part" > /dev/null \
-    || { echo "gpu_suite.sh: unknown part '$part' (both, both-eager, both-compiled, epd, server, all)" >&2; exit 2; }
+    || { echo "gpu_suite.sh: unknown part '$part' (both, both-eager, both-compiled, v2-compiled, v1-compiled, epd, server, all)" >&2; exit 2; }
 done
 
 STATUS=0
