@@ -3,10 +3,11 @@
 Two halves, on two threads:
 
 - `FleetUpdater` keeps the peer directory (`domain/directory.py`) current from the peers' event
-  feeds and the static peer list. It runs on the feed subscriber's thread (never the engine's
-  step thread): peers join and beat, report `stored`/`announced`/`evicted`/`expired` events, and
-  leave when their feed disconnects; `tick()` drops peers that stopped beating and applies the
-  records the step thread found stale.
+  feeds (their events and hello frames) and the static peer list. It runs on the feed
+  subscriber's thread (never the engine's step thread): peers join and beat, report
+  `stored`/`announced`/`evicted`/`expired` events, and depart when their feed disconnects (kept
+  away when their boot is known, so a reconnect of the same process keeps its records); `tick()`
+  drops peers that stopped beating and applies the records the step thread found stale.
 - `FleetFetcher` runs on the step thread, in front of `ConsumerFetcher`. For each item of a
   request that the local tier lacks and that no forwarded `ec_transfer_params` name, it reads the
   directory (a dict read) and, when a live peer holds the item and the pull is worth it
@@ -31,7 +32,7 @@ import structlog
 
 from ec_connector.application.consumer import ConsumerFetcher, WantedItem
 from ec_connector.application.scheduler import TierScheduler
-from ec_connector.domain.directory import Peer, PeerDirectory
+from ec_connector.domain.directory import Joined, Peer, PeerDirectory
 from ec_connector.domain.entries import Phase
 from ec_connector.domain.transfers import CacheEvent, EventKind
 from ec_connector.ports.runtime import Clock
@@ -90,15 +91,25 @@ class PullRule:
 
 @dataclass(slots=True)
 class FleetStats:
-    """Counters of fleet sharing (since start). Updater-thread counters and step-thread counters
-    are written by one thread each."""
+    """Counters of fleet sharing (since start), and two levels (`directory_records`, `peers_live`:
+    their value now, which the stats path reports as its change since the previous report, so that
+    the reports add up to it). Updater-thread fields and step-thread fields are written by one
+    thread each."""
 
+    # the subscriber's thread (FleetUpdater)
     peers_joined: int = 0
+    peers_restarted: int = 0
+    peers_returned: int = 0
     peers_left: int = 0
     peers_silent: int = 0
     feed_gaps: int = 0
+    feed_frames_rejected: int = 0
     events_applied: int = 0
     events_ignored: int = 0
+    stale_records_forgotten: int = 0
+    directory_records: int = 0
+    peers_live: int = 0
+    # the step thread (FleetFetcher)
     lookups: int = 0
     located: int = 0
     pulls_started: int = 0
@@ -109,7 +120,6 @@ class FleetStats:
     size_mismatches: int = 0
     skipped_recent_local: int = 0
     skipped_in_flight_cap: int = 0
-    stale_records_forgotten: int = 0
 
     def as_dict(self) -> dict[str, int]:
         return {f.name: getattr(self, f.name) for f in fields(self)}
@@ -117,8 +127,8 @@ class FleetStats:
 
 class FleetUpdater:
     """Feeds the directory from peers' feeds and the static peer list; every method is meant for
-    the subscriber's thread (thread-safe: one lock serialises writers). Events of this engine's
-    own feed are ignored."""
+    the subscriber's thread (thread-safe: one lock serialises writers). This engine's own feed
+    (its engine id, or its `boot` in a hello) is ignored."""
 
     def __init__(
         self,
@@ -128,12 +138,14 @@ class FleetUpdater:
         engine_id: str,
         heartbeat_timeout_s: float,
         stats: FleetStats,
+        boot: str = "",
     ) -> None:
         if heartbeat_timeout_s <= 0:
             raise ValueError(f"heartbeat_timeout_s must be > 0, got {heartbeat_timeout_s!r}")
         self._directory = directory
         self._clock = clock
         self._engine_id = engine_id
+        self._boot = boot
         self._timeout = heartbeat_timeout_s
         self._lock = threading.Lock()
         self._last_seq: dict[str, int] = {}
@@ -141,22 +153,36 @@ class FleetUpdater:
         self.stats = stats
 
     def peer_seen(self, peer: Peer) -> bool:
-        """`peer` is alive (a frame of its feed, or the static list at start): join or beat.
-        A restarted peer (same id, new address or boot) loses its old records. False when the
-        directory is full of peers or `peer` is this engine."""
-        if peer.peer_id == self._engine_id:
+        """`peer` is alive (its feed's handshake or hello, every second while it stays up, or the
+        static list): join, beat, return or restart (`PeerDirectory.join`). A restarted peer (new
+        boot or address) loses its old records; one back with the same boot keeps them. False when
+        it is not served: the directory is full of peers, it waits for its hello, or it is this
+        engine."""
+        if peer.peer_id == self._engine_id or (peer.boot and peer.boot == self._boot):
             return False
         with self._lock:
-            if self._directory.peer(peer.peer_id) == peer:
+            current = self._directory.peer(peer.peer_id)
+            if current is not None and (current == peer or not peer.boot) and current.address == peer.address:
                 return self._directory.heartbeat(peer.peer_id, now=self._clock.now())
             joined = self._directory.join(peer, now=self._clock.now())
-            self._last_seq.pop(peer.peer_id, None)
-        if joined:
+            if joined is Joined.NEW or joined is Joined.RESTARTED:
+                self._last_seq.pop(peer.peer_id, None)  # a new process counts its events from 1
+            self._levels()
+        if joined is Joined.NEW or joined is Joined.RESTARTED:
             self.stats.peers_joined += 1
+            self.stats.peers_restarted += joined is Joined.RESTARTED
             log.info(
-                "fleet_peer_joined", peer=peer.peer_id, address=f"{peer.address.host}:{peer.address.port}"
+                "fleet_peer_joined",
+                peer=peer.peer_id,
+                address=f"{peer.address.host}:{peer.address.port}",
+                boot=peer.boot or None,
+                restarted=joined is Joined.RESTARTED,
             )
-        return joined
+        elif joined is Joined.RETURNED:
+            self.stats.peers_returned += 1
+            records = self._directory.entries_of(peer.peer_id)
+            log.info("fleet_peer_returned", peer=peer.peer_id, records=records)
+        return joined is not Joined.REFUSED and joined is not Joined.WAITING
 
     def apply(self, event: CacheEvent, *, seq: int | None = None) -> bool:
         """Apply one event of peer `event.engine_id`'s feed (`event.mm_hash` is the entry key); any
@@ -180,6 +206,7 @@ class FleetUpdater:
                 applied = self._directory.evicted(peer_id, event.mm_hash)
             else:  # EXPIRED: the announcement ended; the entry stays READY until evicted
                 applied = known
+            self.stats.directory_records = len(self._directory)
         if applied:
             self.stats.events_applied += 1
         else:
@@ -187,15 +214,23 @@ class FleetUpdater:
         return applied
 
     def peer_gone(self, peer_id: str) -> int:
-        """`peer_id`'s feed disconnected: it drops out at once; the records dropped."""
+        """`peer_id`'s feed disconnected: it drops out of `locate` at once; its records are kept
+        away for one heartbeat timeout when its boot is known (a reconnect of the same process
+        serves them again), else dropped. The records dropped."""
         with self._lock:
             known = self._directory.peer(peer_id) is not None
-            dropped = self._directory.leave(peer_id)
-            self._last_seq.pop(peer_id, None)
+            dropped = self._directory.depart(peer_id, now=self._clock.now())
+            if dropped or not known:
+                self._last_seq.pop(peer_id, None)
+            self._levels()
         if known:
             self.stats.peers_left += 1
-            log.info("fleet_peer_left", peer=peer_id, records=dropped)
+            log.info("fleet_peer_left", peer=peer_id, records_dropped=dropped)
         return dropped
+
+    def frame_rejected(self) -> None:
+        """A frame of a peer's feed did not decode or authenticate (the subscriber dropped it)."""
+        self.stats.feed_frames_rejected += 1
 
     def note_stale(self, peer_id: str, key: str) -> None:
         """A pull of `key` from `peer_id` failed: forget that record at the next `tick`. Called from
@@ -203,20 +238,26 @@ class FleetUpdater:
         self._stale.append((peer_id, key))
 
     def tick(self) -> list[str]:
-        """Drop peers silent for longer than the heartbeat timeout and forget stale records; the
-        ids of the peers dropped. Call it at least every heartbeat interval."""
+        """Depart peers silent for longer than the heartbeat timeout, drop the records of peers
+        away for longer, and forget stale records; the ids of the peers that fell silent. Call it
+        at least every heartbeat interval."""
         with self._lock:
             while self._stale:
                 peer_id, key = self._stale.popleft()
                 if self._directory.forget(peer_id, key):
                     self.stats.stale_records_forgotten += 1
             silent = self._directory.drop_silent(now=self._clock.now(), timeout_s=self._timeout)
-            for peer_id in silent:
-                self._last_seq.pop(peer_id, None)
+            self._levels()
         for peer_id in silent:
             self.stats.peers_silent += 1
             log.warning("fleet_peer_silent", peer=peer_id, timeout_s=self._timeout)
         return silent
+
+
+    def _levels(self) -> None:
+        """Refresh the directory's levels in the stats (under the lock)."""
+        self.stats.directory_records = len(self._directory)
+        self.stats.peers_live = len(self._directory.peers())
 
 
 class FleetFetcher:

@@ -164,9 +164,27 @@ def test_params_forwarded_by_an_orchestrator_take_precedence_over_the_directory(
 def test_a_peer_whose_feed_disconnects_drops_out_at_once():
     fleet = Fleet()
     fleet.encode_on_a([("img", 4)])
-    assert fleet.updater.peer_gone(A.peer_id) == 1
+    assert fleet.updater.peer_gone(A.peer_id) == 0, "its boot is known: records kept while away"
     assert fleet.ensure([("img", 4)]) is True
     assert fleet.net.sent == [] and fleet.stats.peers_left == 1
+    assert fleet.stats.peers_live == 0 and fleet.stats.directory_records == 1
+    fleet.clock.advance(3.1)
+    fleet.updater.tick()
+    assert len(fleet.directory) == 0 and fleet.stats.directory_records == 0
+
+
+def test_a_peer_back_with_the_same_boot_is_pulled_from_again_and_one_with_a_new_boot_is_not():
+    fleet = Fleet()
+    fleet.encode_on_a([("img", 4), ("other", 4)])
+    fleet.updater.peer_gone(A.peer_id)
+    assert fleet.updater.peer_seen(Peer(A.peer_id, A_ADDR)) is False, "handshake first: waits for hello"
+    assert fleet.updater.peer_seen(A) is True
+    assert fleet.stats.peers_returned == 1 and fleet.stats.peers_live == 1
+    assert fleet.until_available([("img", 4)])
+    assert fleet.b.scheduler.holds("img") and fleet.stats.pulls_done == 1
+    assert fleet.updater.peer_seen(Peer(A.peer_id, A_ADDR, boot="2")) is True, "restarted, never departed"
+    assert fleet.stats.peers_restarted == 1 and fleet.directory.locate("other") is None
+    assert fleet.ensure([("other", 4)]) is True and fleet.stats.pulls_started == 1
 
 
 def test_a_peer_that_stops_beating_drops_out_after_the_heartbeat_timeout():
