@@ -22,6 +22,10 @@ Both connectors get the same region size (``ec_cpu_bytes``, the key both read).
 ``--workloads epd`` (a run of its own) makes each arm an E→PD pair instead (serving_epd.py):
 ``none`` = the consumer encoding locally, ``upstream`` / ``ours`` = an ``ec_producer`` and an
 ``ec_consumer`` engine with that connector and NIXL on, on the one device.
+``--workloads fleet`` (a run of its own) serves repeat and pressure through replicas on the one
+device behind a round-robin client (serving_fleet.py), arms ``upstream`` / ``local`` (two
+replicas, a region each, vLLM's connector or ours), ``fleet`` (ours with fleet sharing) and
+``single`` (one engine with both regions' bytes).
 
 Prefix caching is off (a repeated prompt would otherwise skip the encoder). Each child has a
 timeout: a hung engine is killed (its whole process group) and the arm marked failed; the run's
@@ -47,14 +51,21 @@ from pathlib import Path
 from typing import Any
 
 from ec_connector.benchmarks import serving_hook, serving_report
+from ec_connector.benchmarks.serving_engine import ARMS, MiB, connector_config
+from ec_connector.benchmarks.serving_fleet import FLEET_ARMS, PASS_SETTLE_S, SETTLE_S, fleet_extra, fleet_spec
 from ec_connector.benchmarks.serving_hook import HOOK_DIR_ENV
-from ec_connector.benchmarks.serving_workload import WORKLOADS, build, image_tokens, parse_size, resized
+from ec_connector.benchmarks.serving_workload import (
+    WORKLOADS,
+    build,
+    fleet_workloads,
+    image_tokens,
+    parse_size,
+    resized,
+)
 
 # The folder that holds the ec_connector package: a source checkout's root or site-packages.
 PACKAGE_PARENT = Path(__file__).resolve().parents[2]
 
-ARMS = ("none", "upstream", "ours")
-MiB = 1 << 20
 # Seconds an engine child gets beyond its estimate before it is killed.
 TIMEOUT_SLACK_S = 120.0
 
@@ -62,33 +73,6 @@ TIMEOUT_SLACK_S = 120.0
 def rotated(arms: list[str], round_no: int) -> list[str]:
     k = round_no % len(arms)
     return arms[k:] + arms[:k]
-
-
-def connector_config(
-    arm: str, region_bytes: int, engine_id: str, role: str = "ec_both"
-) -> dict[str, Any] | None:
-    """The `ec_transfer_config` of an arm in `role`, or None for `none` (NIXL on for E→PD roles)."""
-    if arm == "none":
-        return None
-    extra: dict[str, Any] = {"ec_cpu_bytes": region_bytes}
-    if role != "ec_both":
-        extra["ec_enable_nixl"] = True
-    if arm == "upstream":
-        return {
-            "ec_connector": "ECCPUConnector",
-            "ec_role": role,
-            "engine_id": engine_id,
-            "ec_connector_extra_config": extra,
-        }
-    if arm == "ours":
-        return {
-            "ec_connector": "ECTierConnector",
-            "ec_role": role,
-            "engine_id": engine_id,
-            "ec_connector_module_path": "ec_connector.adapters.vllm",
-            "ec_connector_extra_config": extra,
-        }
-    raise ValueError(f"unknown arm {arm!r}: expected one of {ARMS}")
 
 
 def model_geometry(model_dir: Path) -> dict[str, int]:
@@ -146,22 +130,40 @@ def workloads(args: argparse.Namespace, geometry: dict[str, int]) -> list[dict[s
         size = parse_size(size_text)
         rows = image_tokens(*size, min_pixels=geometry["min_pixels"], max_pixels=geometry["max_pixels"])
         item_bytes = rows * geometry["hidden"] * 2
+        options: dict[str, Any] = {
+            "requests": args.requests_per_pass,
+            "passes": args.passes,
+            "item_bytes": item_bytes,
+            "repeat_pool": args.repeat_pool,
+            "pressure_pool": args.pressure_pool,
+            "zipf": args.zipf,
+            "seed": args.seed,
+        }
         for name in args.workloads.split(","):
-            wl = build(
-                name,
-                size,
-                requests=args.requests_per_pass,
-                passes=args.passes,
-                item_bytes=item_bytes,
-                region_bytes=args.region_mib * MiB,
-                repeat_pool=args.repeat_pool,
-                pressure_pool=args.pressure_pool,
-                zipf=args.zipf,
-                seed=args.seed,
+            # the fleet's pools come from its total region: both replicas' (= the single engine's)
+            built = (
+                fleet_workloads(size, region_bytes=2 * args.region_mib * MiB, **options)
+                if name == "fleet"
+                else [build(name, size, region_bytes=args.region_mib * MiB, **options)]
             )
-            wl.notes.update(image_tokens=rows, item_bytes=item_bytes)
-            out.append(wl.to_dict())
+            for wl in built:
+                wl.notes.update(image_tokens=rows, item_bytes=item_bytes)
+                out.append(wl.to_dict())
     return out
+
+
+def run_mode(wls: list[dict[str, Any]]) -> str:
+    """ "epd", "fleet" or "" (single engines); raises SystemExit when a run mixes them."""
+    modes = {"epd" if w["name"] == "epd" else "fleet" if w["name"].startswith("fleet-") else "" for w in wls}
+    if len(modes) > 1:
+        raise SystemExit(
+            "--workloads epd and fleet each run alone (their engines differ): give them a run of their own"
+        )
+    return modes.pop()
+
+
+def mode_arms(mode: str) -> tuple[str, ...]:
+    return FLEET_ARMS if mode == "fleet" else ARMS
 
 
 def epd_spec(args: argparse.Namespace, spec: dict[str, Any], run_id: str, tag: str) -> dict[str, Any]:
@@ -184,11 +186,18 @@ def arm_workloads(arm: str, wls: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def estimate_s(args: argparse.Namespace, arms: list[str], wls: list[dict[str, Any]]) -> float:
+    """Seconds for `args.rounds` rounds of `arms`: per child its engine starts (two for the fleet
+    arms but `single`), 15 s of imports and shutdown, the requests at --est-req-s and, for the
+    fleet, its settle pauses."""
     start = args.est_start_s if args.est_start_s else (12.0 if args.mode == "eager" else 60.0)
+    fleet = run_mode(wls) == "fleet"
     total = 0.0
     for arm in arms:
-        reqs = sum(sum(len(p["seeds"]) for p in w["passes"]) for w in arm_workloads(arm, wls))
-        total += start + 15.0 + reqs / args.est_req_s
+        mine = arm_workloads(arm, wls)
+        reqs = sum(sum(len(p["seeds"]) for p in w["passes"]) for w in mine)
+        engines = 2 if fleet and arm != "single" else 1
+        settle = SETTLE_S + PASS_SETTLE_S * sum(len(w["passes"]) for w in mine) if fleet else 0.0
+        total += start * engines + 15.0 + settle + reqs / args.est_req_s
     return total * args.rounds
 
 
@@ -285,7 +294,13 @@ def run_child(spec: dict[str, Any], work: Path, log: Path, timeout_s: float) -> 
     shutil.copyfile(Path(serving_hook.__file__), hook_dir / "sitecustomize.py")
     spec_path = work / f"{spec['tag']}.spec.json"
     spec_path.write_text(json.dumps(spec))
-    child = "serving_epd" if "producer_engine" in spec else "serving_engine"
+    child = (
+        "serving_epd"
+        if "producer_engine" in spec
+        else "serving_fleet"
+        if "replicas" in spec
+        else "serving_engine"
+    )
     cmd = [sys.executable, "-m", f"{__package__}.{child}", str(spec_path)]
     shm_before = set(Path("/dev/shm").glob("vllm_ec_*"))
     started = time.monotonic()
@@ -344,13 +359,11 @@ def run(args: argparse.Namespace) -> int:
         )
     )
     wls = workloads(args, geometry)
-    arms = args.arms.split(",")
-    epd = [w["name"] for w in wls].count("epd")
-    if epd and epd != len(wls):
-        raise SystemExit("--workloads epd runs alone (its engines differ): give it in a run of its own")
+    mode = run_mode(wls)
+    arms = args.arms.split(",") if args.arms else list(mode_arms(mode))
     for arm in arms:
-        if arm not in ARMS:
-            raise SystemExit(f"unknown arm {arm!r}: expected some of {','.join(ARMS)}")
+        if arm not in mode_arms(mode):
+            raise SystemExit(f"unknown arm {arm!r}: expected some of {','.join(mode_arms(mode))}")
     est = estimate_s(args, arms, wls)
     names = [f"{w['name']}@{w['size'][0]}x{w['size'][1]}" for w in wls]
     print(
@@ -360,6 +373,13 @@ def run(args: argparse.Namespace) -> int:
         f"{args.est_req_s:g} req/s assumed)",
         flush=True,
     )
+    if mode == "fleet":
+        print(
+            f"  fleet: replicas round-robin, {args.region_mib} MiB region each ({2 * args.region_mib} MiB "
+            f"single), memory share {args.gpu_memory_utilization or args.fleet_mem} an engine, the fleet "
+            f"arm's extra connector keys {fleet_extra(args)}",
+            flush=True,
+        )
     for w in wls:
         n = w["notes"]
         print(
@@ -383,13 +403,14 @@ def run(args: argparse.Namespace) -> int:
         "config": {k: v for k, v in vars(args).items() if k not in ("func", "command", "kind")},
         "model": str(model),
         "geometry": geometry,
+        "fleet_extra": fleet_extra(args) if mode == "fleet" else None,
         "workloads": [{k: w[k] for k in ("name", "size", "pool", "notes")} for w in wls],
         "engines": [],
     }
     json_path = out / f"serving-{args.mode}-{run_id}.json"
     signal.signal(signal.SIGTERM, _on_sigterm)
     try:
-        run_rounds(args, result, json_path, work, wls, arms, model, max_pixels, epd)
+        run_rounds(args, result, json_path, work, wls, arms, model, max_pixels, mode)
     except (Stopped, KeyboardInterrupt) as why:
         result["stopped"] = str(why) or "interrupted"
         print(f"stopped ({result['stopped']}): keeping what finished", flush=True)
@@ -411,7 +432,7 @@ def run_rounds(
     arms: list[str],
     model: Path,
     max_pixels: int,
-    epd: int,
+    mode: str,
 ) -> None:
     """The alternating rounds; the JSON is rewritten after each engine, so a stop loses nothing done."""
     run_id = result["run_id"]
@@ -438,14 +459,19 @@ def run_rounds(
                 "tag": tag,
                 "round": r,
                 "results": str(work / f"{tag}.jsonl"),
-                "connector": connector_config(arm, args.region_mib * MiB, f"bench-{run_id}-{tag}"),
+                # fleet arms name their replicas' connectors instead (fleet_spec)
+                "connector": None
+                if mode == "fleet"
+                else connector_config(arm, args.region_mib * MiB, f"bench-{run_id}-{tag}"),
                 "engine": engine_args(args, model, max_pixels),
                 "workloads": mine,
                 "arrival": {"rate": args.rate} if args.rate else {"concurrency": args.concurrency},
                 "max_tokens": args.max_tokens,
             }
-            if epd:
+            if mode == "epd":
                 spec = epd_spec(args, spec, run_id, tag)
+            elif mode == "fleet":
+                spec = fleet_spec(args, spec, run_id, tag)
             timeout = min(args.child_timeout_s or one * 2 + TIMEOUT_SLACK_S, left)
             print(f"round {r} arm {arm}: starting engine (timeout {timeout:.0f} s)", flush=True)
             record = run_child(spec, work, json_path.parent / f"{run_id}-{tag}.log", timeout)
@@ -483,7 +509,11 @@ def add_commands(p: argparse.ArgumentParser) -> None:
         "--shape", choices=("tiny", "7b"), default="7b", help="model written when --model is absent"
     )
     r.add_argument("--mode", choices=("eager", "compiled"), default="eager", help="enforce_eager or not")
-    r.add_argument("--arms", default=",".join(ARMS), help="comma list of none,upstream,ours")
+    r.add_argument(
+        "--arms",
+        default="",
+        help=f"comma list of {','.join(ARMS)} (fleet: {','.join(FLEET_ARMS)}); default all of the run's",
+    )
     r.add_argument("--workloads", default="unique,repeat,pressure,limit", help=f"comma list of {WORKLOADS}")
     r.add_argument("--images", default="896x672", help="comma list of image sizes, e.g. 896x672,448x336")
     r.add_argument("--rounds", type=int, default=3, help="alternating rounds (3)")
@@ -506,6 +536,14 @@ def add_commands(p: argparse.ArgumentParser) -> None:
     r.add_argument("--gpu-memory-utilization", type=float, default=0.0, help="(0: vLLM's default)")
     r.add_argument("--epd-producer-mem", type=float, default=0.3, help="E->PD producer's GPU memory share")
     r.add_argument("--epd-consumer-mem", type=float, default=0.55, help="E->PD consumer's share (0.55)")
+    r.add_argument(
+        "--fleet-mem", type=float, default=0.42, help="fleet arms: every engine's GPU memory share"
+    )
+    r.add_argument(
+        "--fleet-extra",
+        default="",
+        help="fleet arm: extra connector keys, JSON (default none; tiny shape: fleet_encode_us_per_row 1e5)",
+    )
     r.add_argument("--seed", type=int, default=0, help="workload seed")
     r.add_argument("--child-timeout-s", type=float, default=0.0, help="per engine (0: 2x its estimate + 120)")
     r.add_argument("--est-start-s", type=float, default=0.0, help="engine start for the estimate")

@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import socket
 import sys
 import time
 from collections.abc import Awaitable, Callable
@@ -29,6 +30,7 @@ from ec_connector.benchmarks.common import percentile
 from ec_connector.benchmarks.serving_hook import (
     COUNT_PREFIX,
     DUMP_INTERVAL_S,
+    ENGINE_ENV,
     HOOK_DIR_ENV,
     HOOKS_PREFIX,
     STUB_FLAG,
@@ -40,6 +42,35 @@ PROMPT = (
     "Describe this image in one sentence.<|im_end|>\n<|im_start|>assistant\n"
 )
 EXIT_SKIPPED = 3
+ARMS = ("none", "upstream", "ours")
+MiB = 1 << 20
+
+
+def connector_config(
+    arm: str, region_bytes: int, engine_id: str, role: str = "ec_both"
+) -> dict[str, Any] | None:
+    """The `ec_transfer_config` of an arm in `role`, or None for `none` (NIXL on for E→PD roles)."""
+    if arm == "none":
+        return None
+    extra: dict[str, Any] = {"ec_cpu_bytes": region_bytes}
+    if role != "ec_both":
+        extra["ec_enable_nixl"] = True
+    if arm == "upstream":
+        return {
+            "ec_connector": "ECCPUConnector",
+            "ec_role": role,
+            "engine_id": engine_id,
+            "ec_connector_extra_config": extra,
+        }
+    if arm == "ours":
+        return {
+            "ec_connector": "ECTierConnector",
+            "ec_role": role,
+            "engine_id": engine_id,
+            "ec_connector_module_path": "ec_connector.adapters.vllm",
+            "ec_connector_extra_config": extra,
+        }
+    raise ValueError(f"unknown arm {arm!r}: expected one of {ARMS}")
 
 
 def say(msg: str) -> None:
@@ -116,6 +147,32 @@ def make_image(seed: int, size: tuple[int, int]) -> tuple[Any, str]:
     return Image.fromarray(pixels), image_digest(pixels.tobytes(), size)
 
 
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def start(kwargs: dict[str, Any], name: str, env: dict[str, str], **engine_options: Any) -> Any:
+    """An AsyncLLM named `name` for the encoder count (EC_BENCH_ENGINE) whose EngineCore inherits
+    `env` (set around its start: the process is made then); `engine_options` go to
+    `AsyncLLM.from_engine_args` (e.g. `stat_loggers`)."""
+    from vllm.engine.arg_utils import AsyncEngineArgs
+    from vllm.v1.engine.async_llm import AsyncLLM
+
+    env = {**env, ENGINE_ENV: name}
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        return AsyncLLM.from_engine_args(AsyncEngineArgs(**kwargs), **engine_options)
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
 def upstream_refusal(engine_args: Any) -> str | None:
     """Why vLLM's ECCPUConnector cannot run in this engine, or None (it checks the same flag)."""
     config = engine_args.create_engine_config()
@@ -188,13 +245,17 @@ async def drive(n: int, arrival: dict[str, Any], one: Callable[[int], Awaitable[
     return time.perf_counter() - t0
 
 
-async def run_pass(engine: Any, spec: dict, wl: Workload, label: str, seeds: tuple[int, ...], tag: str):
-    """Serve one pass; returns per-request (ttft_s, latency_s, tokens) and the pass's wall time."""
+async def run_pass(
+    engines: list[Any], spec: dict, wl: Workload, label: str, seeds: tuple[int, ...], tag: str
+):
+    """Serve one pass, request i on engines[i % len(engines)] (round robin); returns per-request
+    (ttft_s, latency_s, tokens) and the pass's wall time."""
     images = [make_image(s, wl.size) for s in seeds]  # made before the clock starts
     params = sampling(spec["max_tokens"])
     results: list[tuple[float, float, int] | None] = [None] * len(seeds)
 
     async def one(i: int) -> None:
+        engine = engines[i % len(engines)]
         ttft, latency, tokens, _ = await stream(engine, prompt_for(*images[i]), params, f"{tag}-{label}-{i}")
         results[i] = (ttft, latency, tokens)
 
@@ -232,7 +293,7 @@ async def serve(engine: Any, spec: dict, out: Results, hook_dir: str) -> None:
             for p in wl.passes:
                 before, stub_before = encoder_counts(hook_dir)
                 hooks_before = await settled_hook_totals(hook_dir)
-                rows, wall = await run_pass(engine, spec, wl, p.label, p.seeds, f"{spec['tag']}-{wl.key}")
+                rows, wall = await run_pass([engine], spec, wl, p.label, p.seeds, f"{spec['tag']}-{wl.key}")
                 after, stub_after = encoder_counts(hook_dir)
                 hooks = hook_delta(hooks_before, await settled_hook_totals(hook_dir))
                 encoded = after - before

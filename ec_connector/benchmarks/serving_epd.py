@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import socket
 import time
 from typing import Any
 
@@ -33,40 +32,17 @@ from ec_connector.benchmarks.serving_engine import (
     drive,
     encoder_items,
     exit_child,
+    free_port,
     make_image,
     prompt_for,
     sampling,
     say,
     skipped_upstream,
+    start,
     stream,
     summarize,
 )
-from ec_connector.benchmarks.serving_hook import ENGINE_ENV
 from ec_connector.benchmarks.serving_workload import Workload
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def start(kwargs: dict[str, Any], name: str, env: dict[str, str]) -> Any:
-    """An AsyncLLM whose EngineCore inherits `env` (set around its start: the process is made then)."""
-    from vllm.engine.arg_utils import AsyncEngineArgs
-    from vllm.v1.engine.async_llm import AsyncLLM
-
-    saved = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
-    os.environ[ENGINE_ENV] = name
-    try:
-        return AsyncLLM.from_engine_args(AsyncEngineArgs(**kwargs))
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
 
 
 async def epd_pass(spec: dict, producer: Any, consumer: Any, wl: Workload, seeds: tuple[int, ...], tag: str):

@@ -13,6 +13,9 @@ and every round sees the same images in the same order, and a run on another mac
 - ``limit``: the ``repeat`` workload's requests with the encoder stubbed (see serving_hook.py).
 - ``epd``: ``unique``'s shape (every image new, a warm-up pass) served encoder -> prefill/decode: an
   encoder-only producer engine first, then a consumer engine (serving_epd.py).
+- ``fleet``: ``repeat`` and ``pressure`` (named ``fleet-repeat``, ``fleet-pressure``) served by
+  replicas behind a round-robin client (serving_fleet.py); their pools are sized from the fleet's
+  total region bytes, so one engine holding all of them sees the same requests.
 """
 
 from __future__ import annotations
@@ -20,10 +23,11 @@ from __future__ import annotations
 import hashlib
 import math
 import random
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
-WORKLOADS = ("unique", "repeat", "pressure", "limit", "epd")
+WORKLOADS = ("unique", "repeat", "pressure", "limit", "epd", "fleet")
+FLEET_SHAPES = ("repeat", "pressure")
 PATCH = 14
 MERGE = 2
 # Qwen2-VL-7B's pixel bounds (tools/tiny_vlm.py --shape 7b)
@@ -131,6 +135,8 @@ def build(
     """
     if name not in WORKLOADS:
         raise ValueError(f"unknown workload {name!r}: expected one of {WORKLOADS}")
+    if name == "fleet":
+        raise ValueError("fleet is served as its repeat and pressure shapes: use fleet_workloads()")
     if requests <= 0 or passes <= 0:
         raise ValueError("requests per pass and passes must be positive")
     base = _SEED_BASE[name] + _size_salt(size) * 4096 + seed * 7_777_777
@@ -164,6 +170,16 @@ def build(
         draws = zipf_draws(rng, pool, requests, zipf)
         out.append(Pass("fill" if p == 0 else f"pass{p}", p > 0, tuple(ranks[i] for i in draws)))
     return Workload(name, size, tuple(out), pool=pool, notes={"region_images": fits, "zipf": zipf})
+
+
+def fleet_workloads(size: tuple[int, int], *, region_bytes: int, **options: Any) -> list[Workload]:
+    """The fleet arms' workloads: `build`'s repeat and pressure at `size`, their pools sized from
+    `region_bytes`, the fleet's total (every replica's region), named ``fleet-<shape>`` so the
+    report keeps them apart from a single engine's rows. `options` are `build`'s."""
+    return [
+        replace(build(shape, size, region_bytes=region_bytes, **options), name=f"fleet-{shape}")
+        for shape in FLEET_SHAPES
+    ]
 
 
 def image_digest(pixels: bytes, size: tuple[int, int]) -> str:
