@@ -52,7 +52,14 @@ from typing import Any
 
 from ec_connector.benchmarks import serving_hook, serving_report
 from ec_connector.benchmarks.serving_engine import ARMS, MiB, connector_config
-from ec_connector.benchmarks.serving_fleet import FLEET_ARMS, PASS_SETTLE_S, SETTLE_S, fleet_extra, fleet_spec
+from ec_connector.benchmarks.serving_fleet import (
+    FLEET_ARMS,
+    PASS_SETTLE_S,
+    SETTLE_S,
+    cross_replica_repeats,
+    fleet_extra,
+    fleet_spec,
+)
 from ec_connector.benchmarks.serving_hook import HOOK_DIR_ENV
 from ec_connector.benchmarks.serving_workload import (
     WORKLOADS,
@@ -386,7 +393,13 @@ def run(args: argparse.Namespace) -> int:
             f"  {w['name']}@{w['size'][0]}x{w['size'][1]}: {n['image_tokens']} tokens/image "
             f"({n['item_bytes'] / MiB:.2f} MiB), pool {w['pool'] or 'all new'}, region holds "
             f"{n['region_images']} images, passes {[len(p['seeds']) for p in w['passes']]} "
-            f"(first not measured)",
+            f"(first not measured)"
+            + (
+                f", {cross_replica_repeats([p['seeds'] for p in w['passes']], 2)} measured requests "
+                "repeat an image only the other replica has seen"
+                if mode == "fleet"
+                else ""
+            ),
             flush=True,
         )
     if args.dry_run:

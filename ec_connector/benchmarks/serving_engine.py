@@ -147,6 +147,11 @@ def make_image(seed: int, size: tuple[int, int]) -> tuple[Any, str]:
     return Image.fromarray(pixels), image_digest(pixels.tobytes(), size)
 
 
+def replica_for(request: int, replicas: int) -> int:
+    """The round-robin client's choice: request i of a pass goes to replica i % replicas."""
+    return request % replicas
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -255,7 +260,7 @@ async def run_pass(
     results: list[tuple[float, float, int] | None] = [None] * len(seeds)
 
     async def one(i: int) -> None:
-        engine = engines[i % len(engines)]
+        engine = engines[replica_for(i, len(engines))]
         ttft, latency, tokens, _ = await stream(engine, prompt_for(*images[i]), params, f"{tag}-{label}-{i}")
         results[i] = (ttft, latency, tokens)
 

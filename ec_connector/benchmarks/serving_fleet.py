@@ -38,6 +38,7 @@ from ec_connector.benchmarks.serving_engine import (
     encoder_items,
     exit_child,
     free_port,
+    replica_for,
     run_pass,
     say,
     skipped_upstream,
@@ -82,6 +83,21 @@ def fleet_spec(args: argparse.Namespace, spec: dict[str, Any], run_id: str, tag:
     spec["fleet"] = fleet_extra(args) if arm == "fleet" else None
     spec["engine"]["gpu_memory_utilization"] = args.gpu_memory_utilization or args.fleet_mem
     return spec
+
+
+def cross_replica_repeats(passes: list[list[int]], replicas: int) -> int:
+    """Requests of the measured passes (all but the first) whose image the round-robin client
+    (request i to replica i % `replicas`) has sent before, but only to other replicas: what a
+    per-replica tier must encode again and a fleet can pull."""
+    seen: dict[int, set[int]] = {}
+    cross = 0
+    for n, seeds in enumerate(passes):
+        for i, seed in enumerate(seeds):
+            k = replica_for(i, replicas)
+            if n and seed in seen and k not in seen[seed]:
+                cross += 1
+            seen.setdefault(seed, set()).add(k)
+    return cross
 
 
 def replica_wiring(
@@ -159,7 +175,8 @@ def pass_figures(
     connector counters the pass moved (summed over replicas)."""
     figures = summarize(rows, wall, items, sum(per_replica))
     figures["replica_encoder_items"] = per_replica
-    figures["fleet_pulls"] = counters.get("fleet_pulls_done", 0)
+    if any(k.startswith("fleet_") for k in counters):
+        figures["fleet_pulls"] = counters.get("fleet_pulls_done", 0)
     figures["counters"] = counters
     return figures
 
@@ -224,7 +241,7 @@ async def serve_workload(
         passes.append({"label": p.label, "measured": p.measured, **figures})
         say(
             f"{spec['arm']} {wl.key} {p.label}: {len(rows)} req in {wall:.2f} s, encoder items {per}, "
-            f"fleet pulls {figures['fleet_pulls']}, TTFT p50 {figures['ttft_p50_ms'] or 0:.0f} ms"
+            f"fleet pulls {figures.get('fleet_pulls', '-')}, TTFT p50 {figures['ttft_p50_ms'] or 0:.0f} ms"
         )
         if p.measured:
             add_pass(total, rows, wall, len(p.seeds), per, ctr)

@@ -5,7 +5,9 @@ each ratio is taken per round and the table gives its median and its spread (min
 rounds). Merging several runs (e.g. one command per round on the GPU) pools their rounds.
 Ratios are arm / reference of the same figure: for wall time and TTFT lower is better, for
 req/s and tokens/s higher is better. The ``limit`` rows are the no-connector engine with the
-encoder stubbed; each ``repeat`` row also gives its wall time against that floor.
+encoder stubbed; each ``repeat`` row also gives its wall time against that floor. The fleet
+rows (``fleet-repeat``, ``fleet-pressure``) compare ``fleet`` with ``local`` and ``upstream``
+(per-replica tiers) and its hit ratio with ``single``'s (one engine, the same total region).
 """
 
 from __future__ import annotations
@@ -25,8 +27,16 @@ FIGURES = (
     ("hit_ratio", "hit ratio", "{:.2f}"),
 )
 # Recorded where they apply (E->PD, the stub, a connector's hook time), printed under the table.
-EXTRAS = ("e2e_ttft_p50_ms", "producer_p50_ms", "published", "stubbed_items", "hook_ms")
-ARM_ORDER = ("none", "upstream", "ours", "limit")
+EXTRAS = ("e2e_ttft_p50_ms", "producer_p50_ms", "published", "stubbed_items", "hook_ms", "fleet_pulls")
+ARM_ORDER = ("none", "upstream", "ours", "limit", "local", "fleet", "single")
+SPEED = ("wall_s", "req_s", "out_tok_s", "ttft_p50_ms", "ttft_p99_ms")
+# (arm, reference, figures) of the fleet rows, printed as arm / reference
+FLEET_RATIOS = (
+    ("fleet", "local", SPEED),
+    ("fleet", "upstream", SPEED),
+    ("local", "upstream", SPEED),
+    ("fleet", "single", ("hit_ratio", "req_s")),
+)
 
 Cell = dict[tuple[str, int], float]  # (run_id, round) -> value
 
@@ -48,6 +58,18 @@ def collect(runs: list[dict[str, Any]]) -> dict[tuple[str, str], dict[str, dict[
                     if value is not None:
                         table[(run["mode"], key)][arm][fig][(run["run_id"], eng["round"])] = value
     return table
+
+
+def replica_items(runs: list[dict[str, Any]]) -> dict[tuple[str, str], list[str]]:
+    """{(mode, workload key): ["arm round r: [items per replica]", ...]} for the fleet rows."""
+    out: dict[tuple[str, str], list[str]] = defaultdict(list)
+    for run in runs:
+        for eng in run["engines"]:
+            for wl in eng.get("workloads", []):
+                per = wl["measured"].get("replica_encoder_items")
+                if per is not None:
+                    out[(run["mode"], wl["key"])].append(f"{eng['arm']} round {eng['round']}: {per}")
+    return out
 
 
 def ratio_spread(num: Cell, den: Cell) -> tuple[float, float, float, int] | None:
@@ -80,6 +102,7 @@ def skipped_arms(runs: list[dict[str, Any]]) -> dict[str, str]:
 
 def print_report(runs: list[dict[str, Any]]) -> None:
     table = collect(runs)
+    per_replica = replica_items(runs)
     for (mode, key), arms in sorted(table.items()):
         rounds = max((len(c) for a in arms.values() for c in a.values()), default=0)
         print(f"\n== {key}, {mode} ({rounds} round(s); median of rounds, ratio median (min-max)) ==")
@@ -102,19 +125,23 @@ def print_report(runs: list[dict[str, Any]]) -> None:
         for ref in ("upstream", "none", "limit"):
             if ref not in arms:
                 continue
-            figs = (
-                ("wall_s",)
-                if ref == "limit"
-                else ("wall_s", "req_s", "out_tok_s", "ttft_p50_ms", "ttft_p99_ms")
-            )
+            figs: tuple[str, ...] = ("wall_s",) if ref == "limit" else SPEED
             for arm in [a for a in ("ours", "upstream", "none") if a in arms and a != ref]:
-                parts = [
-                    f"{fig} {fmt_ratio(ratio_spread(arms[arm].get(fig, {}), arms[ref].get(fig, {})))}"
-                    for fig in figs
-                ]
-                print(f"  {arm} / {ref}: " + ", ".join(parts))
+                print_ratios(arms, arm, ref, figs)
+        for arm, ref, pair_figs in FLEET_RATIOS:
+            if arm in arms and ref in arms:
+                print_ratios(arms, arm, ref, pair_figs)
+        if per_replica.get((mode, key)):
+            print("  encoder items per replica: " + "; ".join(per_replica[(mode, key)]))
     for arm, why in skipped_arms(runs).items():
         print(f"\n{arm}: {why}")
+
+
+def print_ratios(arms: dict[str, dict[str, Cell]], arm: str, ref: str, figs: tuple[str, ...]) -> None:
+    parts = [
+        f"{fig} {fmt_ratio(ratio_spread(arms[arm].get(fig, {}), arms[ref].get(fig, {})))}" for fig in figs
+    ]
+    print(f"  {arm} / {ref}: " + ", ".join(parts))
 
 
 def plot(runs: list[dict[str, Any]], path: Path) -> None:
