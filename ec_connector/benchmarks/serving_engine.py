@@ -22,7 +22,7 @@ import os
 import socket
 import sys
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from pathlib import Path
 from typing import Any
 
@@ -322,21 +322,27 @@ async def serve(engine: Any, spec: dict, out: Results, hook_dir: str) -> None:
                     m_stubbed += figures["stubbed_items"]
         finally:
             flag.unlink(missing_ok=True)
-        out.write(
-            "workload",
-            workload=wl.name,
-            size=list(wl.size),
-            key=wl.key,
-            pool=wl.pool,
-            notes=wl.notes,
-            measured={
-                **summarize(measured_rows, measured_wall, m_items, m_encoded),
-                "stubbed_items": m_stubbed,
-                "hook_ms": round(sum(ms for _, ms in m_hooks.values()), 3),
-            },
-            hooks=m_hooks,
-            passes=passes,
-        )
+        measured = {
+            **summarize(measured_rows, measured_wall, m_items, m_encoded),
+            "stubbed_items": m_stubbed,
+            "hook_ms": round(sum(ms for _, ms in m_hooks.values()), 3),
+        }
+        write_workload(out, wl, measured, passes, hooks=m_hooks)
+
+
+def write_workload(out: Results, wl: Workload, measured: dict, passes: list[dict], **more: Any) -> None:
+    """One `workload` record: the workload, its measured figures, each pass's and `more`."""
+    out.write(
+        "workload",
+        workload=wl.name,
+        size=list(wl.size),
+        key=wl.key,
+        pool=wl.pool,
+        notes=wl.notes,
+        measured=measured,
+        passes=passes,
+        **more,
+    )
 
 
 async def run_engine(spec: dict, out: Results, hook_dir: str, engine_args: Any) -> None:
@@ -384,6 +390,19 @@ def skipped_upstream(spec: dict, out: Results, engine_kwargs: dict) -> bool:
         out.write("skipped", reason=reason)
         say(f"upstream skipped: {reason}")
     return reason is not None
+
+
+def child_main(
+    serve: Callable[[dict, Results, str], Coroutine[Any, Any, None]], upstream_kwargs: Callable[[dict], dict]
+) -> int:
+    """A multi-engine child's main: the upstream arm skipped where an engine built from
+    `upstream_kwargs(spec)` refuses ECCPUConnector, else `serve(spec, results, hook_dir)` run."""
+    spec, out, hook_dir = child_setup()
+    if skipped_upstream(spec, out, upstream_kwargs(spec)):
+        return EXIT_SKIPPED
+    asyncio.run(serve(spec, out, hook_dir))
+    out.write("done")
+    return 0
 
 
 def exit_child(main: Callable[[], int]) -> None:

