@@ -25,6 +25,9 @@ local mode; its events are authenticated with `side_channel_secret` when set), e
 With `fleet_peers` set (ec_both or ec_consumer, NIXL on), the supply is a FleetFetcher in front of
 the consumer fetcher, fed by a PeerDirectory that a FleetUpdater keeps from every peer's event feed
 (ZmqFleetFeed, a resource: its thread starts with the supply and stops at `shutdown_resources`).
+A replica that serves (NIXL on, a role that saves) with a feed sends hello frames on it (engine id,
+side channel, `boot`: random per process start) from the sink's own thread once its control
+server answers.
 """
 
 from __future__ import annotations
@@ -249,10 +252,30 @@ def _agent_metadata(transport: PeerTransport) -> bytes:
     return transport.agent_metadata()
 
 
-def _serving(desk: ProducerDesk, server: ControlServer) -> Publisher:
-    """The desk, once its control server answers peers with it."""
+def _serving(desk: ProducerDesk, server: ControlServer, hello: object) -> Publisher:
+    """The desk, once its control server answers peers with it (and `hello` is asked for so that
+    the feed introduces the server to the fleet)."""
     server.start(desk.answer, desk.done)
     return desk
+
+
+def _boot() -> str:
+    """This process's boot: random per start, so that peers tell a restart from a reconnect."""
+    return secrets.token_hex(8)
+
+
+def _feed_hello(events: EventSink, server: ControlServer, engine_id: str, dp_rank: int, boot: str) -> bool:
+    """Hello frames on the event feed (when there is one) naming this engine's side channel: from
+    the sink's own thread, so never on the step thread. True when started."""
+    if isinstance(events, LogEventSink):
+        return False
+    from ec_connector.adapters.zmq_control.events import Hello, ZmqEventSink
+
+    if not isinstance(events, ZmqEventSink):
+        return False
+    address = server.address
+    events.start_hello(Hello(engine_id, boot, address.host, address.port, dp_rank=dp_rank))
+    return True
 
 
 def _p2p_mode(p2p: bool) -> str:
@@ -286,7 +309,7 @@ def _peer_directory(config: Settings) -> PeerDirectory:
 
 
 def _fleet_updater(
-    config: Settings, directory: PeerDirectory, clock: Clock, engine_id: str, stats: FleetStats
+    config: Settings, directory: PeerDirectory, clock: Clock, engine_id: str, stats: FleetStats, boot: str
 ) -> FleetUpdater:
     return FleetUpdater(
         directory=directory,
@@ -294,6 +317,7 @@ def _fleet_updater(
         engine_id=engine_id,
         heartbeat_timeout_s=config.fleet.heartbeat_timeout_s,
         stats=stats,
+        boot=boot,
     )
 
 
@@ -305,7 +329,12 @@ def _fleet_feed(config: Settings, updater: FleetUpdater) -> Iterator[object]:
 
     timeout = config.fleet.heartbeat_timeout_s
     peers = [
-        FeedPeer(Peer(p.engine_id, PeerAddress(p.peer_host, p.peer_port)), p.event_feed)
+        FeedPeer(
+            Peer(p.engine_id, PeerAddress(p.peer_host, p.peer_port))
+            if p.engine_id is not None and p.peer_host is not None and p.peer_port is not None
+            else None,  # told by its hello frames
+            p.event_feed,
+        )
         for p in config.fleet.peers
     ]
     feed = ZmqFleetFeed(
@@ -314,6 +343,7 @@ def _fleet_feed(config: Settings, updater: FleetUpdater) -> Iterator[object]:
         on_event=lambda event, seq: updater.apply(event, seq=seq),
         on_gone=updater.peer_gone,
         on_tick=updater.tick,
+        on_rejected=updater.frame_rejected,
         tick_s=min(1.0, timeout / 3),
         # a peer that stops answering PINGs is gone after the configured heartbeat timeout
         heartbeat=Heartbeat(ivl_s=min(1.0, timeout / 3), timeout_s=timeout, ttl_s=min(6553.0, 2 * timeout)),
@@ -431,10 +461,11 @@ class Container(containers.DeclarativeContainer):
         stats=peer_stats,
     )
     request_scopes = providers.Singleton(_request_scopes, config)
+    boot = providers.Singleton(_boot)
     fleet_stats = providers.Singleton(FleetStats)
     peer_directory = providers.Singleton(_peer_directory, config)
     fleet_updater = providers.Singleton(
-        _fleet_updater, config, peer_directory, clock, settings.instance, fleet_stats
+        _fleet_updater, config, peer_directory, clock, settings.instance, fleet_stats, boot
     )
     fleet_feed = providers.Resource(_fleet_feed, config, fleet_updater)
     fleet_fetcher = providers.Singleton(
@@ -462,7 +493,14 @@ class Container(containers.DeclarativeContainer):
     )
     publisher: providers.Provider[Publisher] = providers.Selector(
         providers.Callable(lambda c: _p2p_mode(c.p2p_saves), config),
-        p2p=providers.Singleton(_serving, producer_desk, control_server),
+        p2p=providers.Singleton(
+            _serving,
+            producer_desk,
+            control_server,
+            providers.Singleton(
+                _feed_hello, events, control_server, settings.instance, settings.dp_rank, boot
+            ),
+        ),
         local=providers.Singleton(NoPublisher),
     )
     scheduler_side = providers.Singleton(

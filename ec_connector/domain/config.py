@@ -262,20 +262,21 @@ def rank_port(port: int, dp_rank: int, setting: str) -> int:
 
 _PEER_FIELDS = ("engine_id", "event_feed", "peer_host", "peer_port")
 _PEER_FORM = (
-    'a list of peers, each {"engine_id": str, "event_feed": "tcp://host:port", "peer_host": str, '
-    '"peer_port": int 1-65535}, with distinct engine_ids'
+    'a list of peers, each {"event_feed": "tcp://host:port"} (the peer says who it is in its feed\'s '
+    'hello frames) or {"engine_id": str, "event_feed": "tcp://host:port", "peer_host": str, '
+    '"peer_port": int 1-65535}, with distinct engine_ids and event_feeds'
 )
 
 
 @dataclass(frozen=True, slots=True)
 class FleetPeer:
-    """A replica this one may pull from: its engine id (what its event feed publishes), where its
-    feed is bound, and its side channel."""
+    """A replica this one may pull from: where its feed is bound, and its engine id (what its event
+    feed publishes) and side channel, or None for all three: its feed's hello frames tell them."""
 
-    engine_id: str
     event_feed: str
-    peer_host: str
-    peer_port: int
+    engine_id: str | None = None
+    peer_host: str | None = None
+    peer_port: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -368,10 +369,11 @@ def _parse_peers(value: object) -> tuple[FleetPeer, ...]:
     if not isinstance(value, list):
         raise reject("fleet_peers", value, _PEER_FORM)
     peers = tuple(_parse_peer(n, item) for n, item in enumerate(value))
-    ids = [p.engine_id for p in peers]
-    if len(set(ids)) != len(ids):
-        duplicated = sorted({i for i in ids if ids.count(i) > 1})
-        raise reject("fleet_peers", value, f"{_PEER_FORM} (engine_id {duplicated[0]!r} is listed twice)")
+    for name in ("engine_id", "event_feed"):
+        listed = [getattr(p, name) for p in peers if getattr(p, name) is not None]
+        if len(set(listed)) != len(listed):
+            duplicated = sorted({i for i in listed if listed.count(i) > 1})
+            raise reject("fleet_peers", value, f"{_PEER_FORM} ({name} {duplicated[0]!r} is listed twice)")
     return peers
 
 
@@ -380,7 +382,7 @@ def _parse_peer(n: int, item: object) -> FleetPeer:
     if not isinstance(item, Mapping):
         raise ConfigError(f"{where} = {_shown(item)} is invalid: expected {_PEER_FORM}")
     names = set(map(str, item))
-    if names != set(_PEER_FIELDS):
+    if names != set(_PEER_FIELDS) and names != {"event_feed"}:
         missing, unknown = sorted(set(_PEER_FIELDS) - names), sorted(names - set(_PEER_FIELDS))
         what = "; ".join(
             part
@@ -392,10 +394,10 @@ def _parse_peer(n: int, item: object) -> FleetPeer:
         )
         raise ConfigError(
             f"{where} = {_shown(item)} is invalid ({what}): expected exactly the keys "
-            f"{', '.join(_PEER_FIELDS)}"
+            f"{', '.join(_PEER_FIELDS)}, or event_feed alone (the peer's hello frames tell the others)"
         )
     texts = {}
-    for name in ("engine_id", "event_feed", "peer_host"):
+    for name in ("engine_id", "event_feed", "peer_host") if len(names) > 1 else ("event_feed",):
         text = item[name]
         if not isinstance(text, str) or not text.strip():
             raise ConfigError(f"{where}[{name!r}] = {_shown(text)} is invalid: expected a non-empty string")
@@ -405,10 +407,12 @@ def _parse_peer(n: int, item: object) -> FleetPeer:
             f"{where}['event_feed'] = {_shown(texts['event_feed'])} is invalid: expected a ZMQ endpoint "
             'such as "tcp://10.0.0.2:5610" (the peer\'s event_feed_address, reachable from here)'
         )
+    if len(names) == 1:
+        return FleetPeer(texts["event_feed"])
     port = item["peer_port"]
     if isinstance(port, bool) or not isinstance(port, int) or not 0 < port < 65536:
         raise ConfigError(
             f"{where}['peer_port'] = {_shown(port)} is invalid: expected an integer port 1-65535 "
             "(the peer's VLLM_EC_SIDE_CHANNEL_PORT)"
         )
-    return FleetPeer(texts["engine_id"], texts["event_feed"], texts["peer_host"], port)
+    return FleetPeer(texts["event_feed"], texts["engine_id"], texts["peer_host"], port)

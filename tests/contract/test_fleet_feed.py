@@ -38,7 +38,7 @@ def wait_for(
 class Wired:
     """A fleet feed subscribed to `sink`, driving an updater over a fresh directory."""
 
-    def __init__(self, feeds: list[FeedPeer], *, secret: str | None = None) -> None:
+    def __init__(self, feeds: list[FeedPeer], *, secret: str | None = None, boot: str = "") -> None:
         self.directory = PeerDirectory()
         self.stats = FleetStats()
         self.updater = FleetUpdater(
@@ -47,6 +47,7 @@ class Wired:
             engine_id="replica-b",
             heartbeat_timeout_s=3.0,
             stats=self.stats,
+            boot=boot,
         )
         self.gone: list[str] = []
         self.ticks = threading.Event()
@@ -65,6 +66,7 @@ class Wired:
             on_event=lambda event, seq: self.updater.apply(event, seq=seq),
             on_gone=gone,
             on_tick=tick,
+            on_rejected=self.updater.frame_rejected,
             tick_s=0.05,
             secret=secret,
         )

@@ -208,6 +208,40 @@ def test_a_replica_with_fleet_peers_gets_the_fleet_fetcher_and_its_feed_until_sh
     assert not feeds[0].is_alive(), "shutdown stops the subscriber"
 
 
+@pytest.mark.parametrize("role", ["ec_both", "ec_consumer"])
+def test_a_replica_that_serves_says_hello_on_its_feed_with_its_side_channel_and_boot(role, tmp_path):
+    import threading
+
+    import zmq
+
+    from ec_connector.adapters.zmq_control.events import Hello, decode_hello
+
+    feed = f"ipc://{tmp_path}/feed"
+    container = _fleet_container(
+        role, event_feed_address=feed, fleet_peers=[{"event_feed": "tcp://127.0.0.1:1"}]
+    )
+    ctx = zmq.Context()
+    sub = ctx.socket(zmq.SUB)
+    sub.setsockopt(zmq.LINGER, 0)
+    sub.setsockopt(zmq.SUBSCRIBE, b"")
+    try:
+        container.scheduler_side()
+        sub.connect(feed)
+        if role == "ec_consumer":  # no side channel to name: no hello
+            assert not [t for t in threading.enumerate() if t.name == "ec-feed-hello"]
+            assert not sub.poll(1500)
+            return
+        assert sub.poll(5000), "a hello every second"
+        port = container.control_server().address.port
+        assert decode_hello(sub.recv_multipart()) == Hello("a", container.boot(), "127.0.0.1", port)
+        assert len(container.boot()) == 16 and container.fleet_updater()._boot == container.boot()
+    finally:
+        sub.close(linger=0)
+        ctx.term()
+        container.shutdown_resources()
+    assert not [t for t in threading.enumerate() if t.name == "ec-feed-hello"], "closing the feed stops it"
+
+
 def test_without_fleet_peers_nothing_subscribes_and_no_fleet_counters_are_reported():
     import threading
 

@@ -591,8 +591,9 @@ PEER = {
     "peer_port": 5601,
 }
 PEER_FORM = (
-    'a list of peers, each {"engine_id": str, "event_feed": "tcp://host:port", "peer_host": str, '
-    '"peer_port": int 1-65535}, with distinct engine_ids'
+    'a list of peers, each {"event_feed": "tcp://host:port"} (the peer says who it is in its feed\'s '
+    'hello frames) or {"engine_id": str, "event_feed": "tcp://host:port", "peer_host": str, '
+    '"peer_port": int 1-65535}, with distinct engine_ids and event_feeds'
 )
 
 
@@ -615,11 +616,13 @@ def test_tenant_scopes_rejects_a_number():
 
 @pytest.mark.parametrize("role", ["ec_both", "ec_consumer"])
 def test_fleet_peers_are_parsed_for_a_replica_that_pulls(role):
-    fleet = _fleet(role, fleet_peers=[PEER, {**PEER, "engine_id": "replica-c", "peer_port": 5602}])
+    other = {**PEER, "engine_id": "replica-c", "event_feed": "tcp://10.0.0.2:5611", "peer_port": 5602}
+    fleet = _fleet(role, fleet_peers=[PEER, other, {"event_feed": "tcp://10.0.0.3:5610"}])
     assert fleet.enabled
     assert fleet.peers == (
-        FleetPeer("replica-b", "tcp://10.0.0.2:5610", "10.0.0.2", 5601),
-        FleetPeer("replica-c", "tcp://10.0.0.2:5610", "10.0.0.2", 5602),
+        FleetPeer("tcp://10.0.0.2:5610", "replica-b", "10.0.0.2", 5601),
+        FleetPeer("tcp://10.0.0.2:5611", "replica-c", "10.0.0.2", 5602),
+        FleetPeer("tcp://10.0.0.3:5610"),
     )
 
 
@@ -673,12 +676,28 @@ def test_fleet_peers_are_refused_where_the_replica_cannot_pull(extra, role, reas
             + PEER_FORM
             + " (engine_id 'replica-b' is listed twice)",
         ),
+        (
+            [{"event_feed": "tcp://h:1"}, {"event_feed": "tcp://h:1"}],
+            "['fleet_peers'] = [{'event_feed': 'tcp://h:1'}, {'event_feed': 'tcp://h:1'}] is invalid: "
+            "expected " + PEER_FORM + " (event_feed 'tcp://h:1' is listed twice)",
+        ),
+        (
+            [{"event_feed": "tcp://h:1", "engine_id": "b"}],
+            "['fleet_peers'][0] = {'event_feed': 'tcp://h:1', 'engine_id': 'b'} is invalid (missing "
+            "'peer_host', 'peer_port'): expected exactly the keys engine_id, event_feed, peer_host, "
+            "peer_port, or event_feed alone (the peer's hello frames tell the others)",
+        ),
+        (
+            [{"event_feed": "h:1"}],
+            "['fleet_peers'][0]['event_feed'] = 'h:1' is invalid: expected a ZMQ endpoint such as "
+            '"tcp://10.0.0.2:5610" (the peer\'s event_feed_address, reachable from here)',
+        ),
         (["x"], "['fleet_peers'][0] = 'x' is invalid: expected " + PEER_FORM),
         (
             [{"engine_id": "b", "peer_host": "h", "peer_port": 1, "port": 2}],
             "['fleet_peers'][0] = {'engine_id': 'b', 'peer_host': 'h', 'peer_port': 1, 'port': 2} is invalid "
             "(missing 'event_feed'; unknown 'port'): expected exactly the keys engine_id, event_feed, "
-            "peer_host, peer_port",
+            "peer_host, peer_port, or event_feed alone (the peer's hello frames tell the others)",
         ),
         (
             [{**PEER, "engine_id": " "}],
