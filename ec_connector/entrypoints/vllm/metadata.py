@@ -4,6 +4,9 @@
 `SchedulerStats.ec_connector_stats`). It holds three kinds of values, told apart by key:
 
 - counters: increments since the previous report (int), summed by `aggregate`;
+- levels (`LEVELS`, the fleet's directory records and live peers): changes since the previous
+  report (int, maybe negative), summed by `aggregate` as counters are; a Prometheus gauge adds
+  them up to the level. Reported only where the replica has fleet peers;
 - gauges (`GAUGES`): the region's occupancy at report time (int), the latest value wins;
 - samples (`SAMPLES`): durations in seconds observed since the previous report (list of float),
   concatenated by `aggregate`; Prometheus histograms observe each one.
@@ -28,6 +31,7 @@ class ECTierMetadata(ECConnectorMetadata):
 
 
 GAUGES = frozenset({"entries", "used_blocks", "free_blocks", "used_bytes", "capacity_bytes"})
+LEVELS = frozenset({"fleet_directory_records", "fleet_peers_live"})
 SAMPLES = frozenset({"save_seconds", "load_seconds", "peer_read_seconds", "peer_fetch_seconds"})
 
 

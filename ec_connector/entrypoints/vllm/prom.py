@@ -4,8 +4,10 @@ vLLM's `PrometheusStatLogger` (frontend process) builds one `ECConnectorProm`, w
 `ECTierConnector.build_prom_metrics(...)` once; every `SchedulerStats.ec_connector_stats` dict the
 engine core sends (`ECTierStats.data`, see metadata.py) is then handed to `ECTierPromMetrics.observe`
 with the engine's index. Series carry vLLM's labels (`model_name`, `engine`), plus one of
-`direction`, `status`, `cause`, `what` or `how` where a family is split. docs/metrics.md lists
-every series. Metric classes come from vLLM (`metric_types`), so Ray's wrappers work too.
+`direction`, `status`, `cause`, `what`, `how`, `outcome` or `reason` where a family is split.
+docs/metrics.md lists every series. The fleet's series (`vllm:ec_fleet_*`) move only on a
+replica with `fleet_peers`: without them the stats carry no `fleet_*` key (nothing is computed).
+Metric classes come from vLLM (`metric_types`), so Ray's wrappers work too.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from prometheus_client import Counter, Gauge, Histogram
 from vllm.distributed.ec_transfer.ec_connector.metrics import ECConnectorPromMetrics
 
 from ec_connector.domain.protocol import AckStatus
+from ec_connector.entrypoints.vllm.metadata import LEVELS
 
 SECONDS_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0)
 
@@ -80,6 +83,36 @@ COUNTERS: tuple[tuple[str, str, str | None, dict[str | None, str]], ...] = (
     ("vllm:ec_events_published", "Cache events sent on the event feed.", None, {None: "events_published"}),
     ("vllm:ec_events_dropped", "Cache events dropped because a subscriber's queue was full (HWM).", None,
      {None: "events_dropped"}),
+    ("vllm:ec_fleet_lookups", "Local misses looked up in the fleet's peer directory.", None,
+     {None: "fleet_lookups"}),
+    ("vllm:ec_fleet_located", "Lookups that found a live peer holding the item.", None,
+     {None: "fleet_located"}),
+    ("vllm:ec_fleet_pulls_started", "Pulls from a peer started (a reservation made, XferReq sent).", None,
+     {None: "fleet_pulls_started"}),
+    ("vllm:ec_fleet_pulls_ended", "Pulls from a peer that ended: the item ready here (done), or fallen "
+     "back to local encoding (failed).", "outcome",
+     {"done": "fleet_pulls_done", "failed": "fleet_pulls_failed"}),
+    ("vllm:ec_fleet_pulls_not_started", "Pulls not started because the local region could not take the item.",
+     None, {None: "fleet_pulls_not_started"}),
+    ("vllm:ec_fleet_pulls_skipped", "Located items left to local encoding, by reason.", "reason",
+     {"not_worth_it": "fleet_not_worth_it", "size_mismatch": "fleet_size_mismatches",
+      "recent_local": "fleet_skipped_recent_local", "in_flight_cap": "fleet_skipped_in_flight_cap"}),
+    ("vllm:ec_fleet_peers_joined", "Peers that joined the directory (new, or restarted).", None,
+     {None: "fleet_peers_joined"}),
+    ("vllm:ec_fleet_peers_restarted", "Of the joins, peers back with a new boot or address (old records "
+     "dropped).", None, {None: "fleet_peers_restarted"}),
+    ("vllm:ec_fleet_peers_returned", "Peers back with the same boot after their feed dropped (records kept).",
+     None, {None: "fleet_peers_returned"}),
+    ("vllm:ec_fleet_peers_left", "Peers that dropped out: their feed disconnected, or they fell silent.",
+     "how", {"disconnected": "fleet_peers_left", "silent": "fleet_peers_silent"}),
+    ("vllm:ec_fleet_feed_events", "Peer feed events applied to the directory, or ignored.", "how",
+     {"applied": "fleet_events_applied", "ignored": "fleet_events_ignored"}),
+    ("vllm:ec_fleet_feed_gaps", "Gaps in a peer feed's sequence numbers (events missed).", None,
+     {None: "fleet_feed_gaps"}),
+    ("vllm:ec_fleet_feed_rejected", "Peer feed frames dropped: malformed, unauthenticated, or a hello "
+     "claiming another feed's peer.", None, {None: "fleet_feed_frames_rejected"}),
+    ("vllm:ec_fleet_stale_records", "Directory records forgotten after a pull from them failed.", None,
+     {None: "fleet_stale_records_forgotten"}),
 )  # fmt: skip
 
 GAUGES: tuple[tuple[str, str, str], ...] = (
@@ -89,6 +122,14 @@ GAUGES: tuple[tuple[str, str, str], ...] = (
     ("vllm:ec_tier_used_bytes", "Bytes held by entries (used_blocks x block size).", "used_bytes"),
     ("vllm:ec_tier_capacity_bytes", "Bytes of the region's data area.", "capacity_bytes"),
 )
+
+# Levels: gauges whose reports carry their change since the previous report (metadata.LEVELS).
+LEVEL_GAUGES: tuple[tuple[str, str, str], ...] = (
+    ("vllm:ec_fleet_directory_records", "Records (peer, entry) in the fleet's peer directory.",
+     "fleet_directory_records"),
+    ("vllm:ec_fleet_peers_live", "Peers the directory serves from (joined, feed up).", "fleet_peers_live"),
+)  # fmt: skip
+assert {key for *_, key in LEVEL_GAUGES} == LEVELS
 
 HISTOGRAMS: tuple[tuple[str, str, str | None, dict[str | None, str]], ...] = (
     ("vllm:ec_tier_copy_seconds", "Seconds from planning a copy to its completion on every rank it involves, "
@@ -103,7 +144,8 @@ HISTOGRAMS: tuple[tuple[str, str, str | None, dict[str | None, str]], ...] = (
 
 def series_names() -> list[str]:
     """Every series family this module registers (counters without their `_total` suffix)."""
-    return [name for name, *_ in COUNTERS] + [name for name, *_ in GAUGES] + [name for name, *_ in HISTOGRAMS]
+    tables = (COUNTERS, GAUGES, LEVEL_GAUGES, HISTOGRAMS)
+    return [name for table in tables for name, *_ in table]
 
 
 class ECTierPromMetrics(ECConnectorPromMetrics):
@@ -120,6 +162,7 @@ class ECTierPromMetrics(ECConnectorPromMetrics):
         # (engine index, stats key) -> metric child; one list per kind
         self._counters: dict[tuple[int, str], Counter] = {}
         self._gauges: dict[tuple[int, str], Gauge] = {}
+        self._levels: dict[tuple[int, str], Gauge] = {}
         self._histograms: dict[tuple[int, str], Histogram] = {}
         for name, doc, label, keys in COUNTERS:
             metric = self._counter_cls(name=name, documentation=doc, labelnames=self._names(label))
@@ -129,6 +172,13 @@ class ECTierPromMetrics(ECConnectorPromMetrics):
                 name=name, documentation=doc, labelnames=labelnames, multiprocess_mode="mostrecent"
             )
             self._children(metric, {None: key}, self._gauges)
+        for name, doc, key in LEVEL_GAUGES:
+            # changes, added up (inc); summed over a multiprocess frontend's processes, so the level
+            # is right whichever of them received an engine's reports
+            metric = self._gauge_cls(
+                name=name, documentation=doc, labelnames=labelnames, multiprocess_mode="sum"
+            )
+            self._children(metric, {None: key}, self._levels)
         for name, doc, label, keys in HISTOGRAMS:
             metric = self._histogram_cls(
                 name=name, documentation=doc, labelnames=self._names(label), buckets=list(SECONDS_BUCKETS)
@@ -151,6 +201,9 @@ class ECTierPromMetrics(ECConnectorPromMetrics):
                     counter.inc(value)
             elif (gauge := self._gauges.get((engine_idx, key))) is not None:
                 gauge.set(value)
+            elif (level := self._levels.get((engine_idx, key))) is not None:
+                if value:
+                    level.inc(value)
             elif (histogram := self._histograms.get((engine_idx, key))) is not None:
                 for seconds in value:
                     histogram.observe(seconds)
