@@ -204,8 +204,8 @@ class ZmqFleetFeed:
             link.peer = replace(configured, boot=hello.boot)
         else:
             peer_id = hello.engine_id if hello.dp_rank == 0 else f"{hello.engine_id}_dp{hello.dp_rank}"
-            if any(other is not link and other.peer is not None and other.peer.peer_id == peer_id
-                   for other in links):  # fmt: skip
+            taken = {other.peer.peer_id for other in links if other is not link and other.peer is not None}
+            if peer_id in taken:
                 self._reject(link, f"hello claims peer id {peer_id!r}, which another feed's peer has")
                 return
             if link.peer is not None and link.peer.peer_id != peer_id:
