@@ -11,10 +11,11 @@ Policies: `fifo` and `s3fifo` as shipped (domain/eviction.py), and the candidate
 them (bench/eviction_candidates.py): `clock` (CLOCK / SIEVE-like), `s3fifo-paper` (S3-FIFO with
 the paper's ghost of a whole region and a read count capped at 3), `s3fifo-tinylfu` (S3-FIFO with
 a TinyLFU admission filter), `lfu` and `lfu-fast-aging` (least frequently used with a ghost of
-counts, halved every 10x / 1x the tracked keys' accesses). Offline references
-(bench/eviction_offline.py): `belady` (farthest next request first, in our table) and `bound`
-(a lower bound on every policy's miss ratio). The driver is compare_cache's step loop without the
-per-step lookups of live items (they change no state): per step, saves become ready (1% fail) and
+counts, halved every 10x / 1x the tracked keys' accesses). Offline references:
+`belady` (farthest next request first, in our table; ec_connector/benchmarks/replay.py) and
+`bound` (a lower bound on every policy's miss ratio; bench/eviction_offline.py). The driver
+(replay.py's `replay_hits`) is compare_cache's step loop without the per-step lookups of live
+items (they change no state): per step, saves become ready (1% fail) and
 loads unpin, then each arriving item is looked up: ready -> a hit (pinned for a step), absent ->
 a miss (reserved, may evict), not ready -> waits. Miss ratio = misses / (hits + misses); byte miss
 ratio the same in blocks. The targets (issue 30): miss ratio <= 0.85x fifo's at 10-25% of the
@@ -26,23 +27,23 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.cache_sides import ABSENT, READY, BaselineSide, OursSide  # noqa: E402
+from bench.cache_sides import BaselineSide, OursSide  # noqa: E402
 from bench.cache_traces import SOURCES, Trace, make_trace  # noqa: E402
 from bench.eviction_candidates import ClockPolicy, LfuPolicy, TinyLfuS3FifoPolicy  # noqa: E402
-from bench.eviction_offline import (  # noqa: E402
+from bench.eviction_offline import miss_ratio_bound  # noqa: E402
+from bench.vllm_baseline import BaselineUnavailable, load  # noqa: E402
+from ec_connector.benchmarks.replay import (  # noqa: E402
     BeladyPolicy,
     RequestClock,
-    miss_ratio_bound,
+    replay_hits,
     request_positions,
 )
-from bench.vllm_baseline import BaselineUnavailable, load  # noqa: E402
 from ec_connector.domain import eviction  # noqa: E402
 
 CANDIDATES = ("fifo", "s3fifo", "clock", "s3fifo-paper", "s3fifo-tinylfu", "lfu", "lfu-fast-aging")
@@ -84,51 +85,6 @@ def _belady(num_blocks: int, positions: dict[str, list[int]], clock: RequestCloc
     side = OursSide(num_blocks)
     side.table._policy = BeladyPolicy(side.table._evictable, positions, clock)
     return side
-
-
-def replay_hits(side: Any, trace: Trace, clock: RequestClock | None = None) -> dict[str, float]:
-    """Hits and misses (items and blocks) of `trace` against `side`, and the replay's seconds.
-    `clock`, if given, is set to each request's index before it is served (for offline policies)."""
-    hits = misses = hit_rows = miss_rows = 0
-    pos = -1
-    to_ready: list = []
-    to_unpin: list[str] = []
-    t0 = time.perf_counter()
-    for n, step in enumerate(trace.steps):
-        side.tick(n * 0.02)
-        saves, to_ready = to_ready, []
-        for item in saves:
-            if item.fails:
-                side.discard(item.key)
-            else:
-                side.ready(item.key)
-        loads, to_unpin = to_unpin, []
-        for key in loads:
-            side.unpin(key)
-        for _, items in step.arrivals:
-            for item in items:
-                pos += 1
-                if clock is not None:
-                    clock.pos = pos
-                state = side.lookup(item.key)
-                if state == READY:
-                    side.pin(item.key)
-                    to_unpin.append(item.key)
-                    hits += 1
-                    hit_rows += item.rows
-                elif state == ABSENT:
-                    misses += 1
-                    miss_rows += item.rows
-                    if side.alloc(item.key, item.rows):
-                        to_ready.append(item)
-    wall = time.perf_counter() - t0
-    return {
-        "miss_ratio": misses / max(1, hits + misses),
-        "byte_miss_ratio": miss_rows / max(1, hit_rows + miss_rows),
-        "hits": hits,
-        "misses": misses,
-        "replay_s": wall,
-    }
 
 
 def run(

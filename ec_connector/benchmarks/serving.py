@@ -50,12 +50,18 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from ec_connector.benchmarks import serving_hook, serving_report
+from ec_connector.benchmarks import serving_expected, serving_hook, serving_report
+from ec_connector.benchmarks.serving_budget import (
+    arm_workloads,
+    child_timeout,
+    engine_need_s,
+    estimate_s,
+    mode_arms,
+    run_mode,
+)
 from ec_connector.benchmarks.serving_engine import ARMS, MiB, connector_config
 from ec_connector.benchmarks.serving_fleet import (
     FLEET_ARMS,
-    PASS_SETTLE_S,
-    SETTLE_S,
     cross_replica_repeats,
     fleet_extra,
     fleet_spec,
@@ -72,9 +78,6 @@ from ec_connector.benchmarks.serving_workload import (
 
 # The folder that holds the ec_connector package: a source checkout's root or site-packages.
 PACKAGE_PARENT = Path(__file__).resolve().parents[2]
-
-# Seconds an engine child gets beyond its estimate before it is killed.
-TIMEOUT_SLACK_S = 120.0
 
 
 def rotated(arms: list[str], round_no: int) -> list[str]:
@@ -143,6 +146,7 @@ def workloads(args: argparse.Namespace, geometry: dict[str, int]) -> list[dict[s
             "item_bytes": item_bytes,
             "repeat_pool": args.repeat_pool,
             "pressure_pool": args.pressure_pool,
+            "pressure_fill": args.pressure_fill,
             "zipf": args.zipf,
             "seed": args.seed,
         }
@@ -155,22 +159,28 @@ def workloads(args: argparse.Namespace, geometry: dict[str, int]) -> list[dict[s
             )
             for wl in built:
                 wl.notes.update(image_tokens=rows, item_bytes=item_bytes)
-                out.append(wl.to_dict())
+                wd = wl.to_dict()
+                if wl.name.endswith("pressure"):
+                    fleet = wl.name.startswith("fleet-")
+                    region = (2 if fleet else 1) * args.region_mib * MiB
+                    wd["notes"].update(serving_expected.expected(wd, item_bytes, region, 2 if fleet else 1))
+                out.append(wd)
     return out
 
 
-def run_mode(wls: list[dict[str, Any]]) -> str:
-    """ "epd", "fleet" or "" (single engines); raises SystemExit when a run mixes them."""
-    modes = {"epd" if w["name"] == "epd" else "fleet" if w["name"].startswith("fleet-") else "" for w in wls}
-    if len(modes) > 1:
-        raise SystemExit(
-            "--workloads epd and fleet each run alone (their engines differ): give them a run of their own"
-        )
-    return modes.pop()
-
-
-def mode_arms(mode: str) -> tuple[str, ...]:
-    return FLEET_ARMS if mode == "fleet" else ARMS
+def plan_fill(notes: dict[str, Any]) -> str:
+    """The plan's line on a pressure workload: its fill and the replay's expected hit ratios."""
+    exp = notes["expected_hit_ratio"]
+    line = (
+        f"fill {notes['fill_requests']} requests ({notes['fill_rule']}), "
+        f"{notes['distinct_before_measured']} distinct images before the first measured pass; "
+        "expected hit ratio on the measured passes (replay in our table, tier only): "
+        + ", ".join(f"{k} {v:.3f}" for k, v in exp.items())
+    )
+    per = notes.get("expected_hit_ratio_per_replica")
+    if per:
+        line += "; a region per replica: " + ", ".join(f"{k} {v:.3f}" for k, v in per.items())
+    return line
 
 
 def epd_spec(args: argparse.Namespace, spec: dict[str, Any], run_id: str, tag: str) -> dict[str, Any]:
@@ -185,27 +195,6 @@ def epd_spec(args: argparse.Namespace, spec: dict[str, Any], run_id: str, tag: s
     }
     spec["engine"]["gpu_memory_utilization"] = args.gpu_memory_utilization or args.epd_consumer_mem
     return spec
-
-
-def arm_workloads(arm: str, wls: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The limit (encoder stubbed) is the no-connector engine's floor: only `none` serves it."""
-    return [w for w in wls if arm == "none" or not w["stub_encoder"]]
-
-
-def estimate_s(args: argparse.Namespace, arms: list[str], wls: list[dict[str, Any]]) -> float:
-    """Seconds for `args.rounds` rounds of `arms`: per child its engine starts (two for the fleet
-    arms but `single`), 15 s of imports and shutdown, the requests at --est-req-s and, for the
-    fleet, its settle pauses."""
-    start = args.est_start_s if args.est_start_s else (12.0 if args.mode == "eager" else 60.0)
-    fleet = run_mode(wls) == "fleet"
-    total = 0.0
-    for arm in arms:
-        mine = arm_workloads(arm, wls)
-        reqs = sum(sum(len(p["seeds"]) for p in w["passes"]) for w in mine)
-        engines = 2 if fleet and arm != "single" else 1
-        settle = SETTLE_S + PASS_SETTLE_S * sum(len(w["passes"]) for w in mine) if fleet else 0.0
-        total += start * engines + 15.0 + settle + reqs / args.est_req_s
-    return total * args.rounds
 
 
 def child_env(hook_dir: Path) -> dict[str, str]:
@@ -402,6 +391,8 @@ def run(args: argparse.Namespace) -> int:
             ),
             flush=True,
         )
+        if "expected_hit_ratio" in n:
+            print(f"    {plan_fill(n)}", flush=True)
     if args.dry_run:
         shutil.rmtree(work, ignore_errors=True)
         return 0
@@ -460,10 +451,14 @@ def run_rounds(
                 )
                 continue
             one = estimate_s(argparse.Namespace(**{**vars(args), "rounds": 1}), [arm], wls)
+            need = engine_need_s(arm, one, result["engines"])
             left = args.budget_s - (time.monotonic() - t_start) if args.budget_s else float("inf")
-            if one > left:
-                print(f"round {r} arm {arm}: not run ({left:.0f} s of --budget-s left, ~{one:.0f} s needed)")
-                result["engines"].append({"round": r, "arm": arm, "status": "not run (budget)"})
+            timeout = child_timeout(need, args.child_timeout_s, left)
+            if timeout is None:
+                print(f"round {r} arm {arm}: not run ({left:.0f} s of --budget-s left, ~{need:.0f} s needed)")
+                result["engines"].append(
+                    {"round": r, "arm": arm, "status": "not run (budget)", "need_s": round(need, 1)}
+                )
                 json_path.write_text(json.dumps(result, indent=1))
                 continue
             mine = arm_workloads(arm, wls)
@@ -485,10 +480,12 @@ def run_rounds(
                 spec = epd_spec(args, spec, run_id, tag)
             elif mode == "fleet":
                 spec = fleet_spec(args, spec, run_id, tag)
-            timeout = min(args.child_timeout_s or one * 2 + TIMEOUT_SLACK_S, left)
-            print(f"round {r} arm {arm}: starting engine (timeout {timeout:.0f} s)", flush=True)
+            print(
+                f"round {r} arm {arm}: starting engine (timeout {timeout:.0f} s, ~{need:.0f} s needed)",
+                flush=True,
+            )
             record = run_child(spec, work, json_path.parent / f"{run_id}-{tag}.log", timeout)
-            record.update(round=r, arm=arm)
+            record.update(round=r, arm=arm, estimate_s=round(one, 1), need_s=round(need, 1))
             result["engines"].append(record)
             if record["status"] == "skipped":
                 skipped[arm] = record.get("reason", "skipped")
@@ -537,6 +534,13 @@ def add_commands(p: argparse.ArgumentParser) -> None:
         "--repeat-pool", type=int, default=0, help="repeat pool (0: min(requests, 80%% of region))"
     )
     r.add_argument("--pressure-pool", type=int, default=0, help="pressure pool (0: 4x the region's images)")
+    r.add_argument(
+        "--pressure-fill",
+        type=int,
+        default=0,
+        help="pressure's unmeasured fill, requests (0: until the distinct images drawn reach 3x the "
+        "region's, at most 3/4 of the pool)",
+    )
     r.add_argument("--zipf", type=float, default=0.8, help="pressure's Zipf exponent (0.8)")
     r.add_argument("--region-mib", type=int, default=512, help="ec_cpu_bytes of both connectors, MiB (512)")
     load = r.add_mutually_exclusive_group()
@@ -558,7 +562,7 @@ def add_commands(p: argparse.ArgumentParser) -> None:
         help="fleet arm: extra connector keys, JSON (default none; tiny shape: fleet_encode_us_per_row 1e5)",
     )
     r.add_argument("--seed", type=int, default=0, help="workload seed")
-    r.add_argument("--child-timeout-s", type=float, default=0.0, help="per engine (0: 2x its estimate + 120)")
+    r.add_argument("--child-timeout-s", type=float, default=0.0, help="per engine (0: 2x its need + 120)")
     r.add_argument("--est-start-s", type=float, default=0.0, help="engine start for the estimate")
     r.add_argument("--est-req-s", type=float, default=25.0, help="req/s for the estimate (25)")
     r.add_argument("--device-note", default="", help="what ran it (recorded in the JSON)")

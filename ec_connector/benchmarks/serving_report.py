@@ -8,6 +8,11 @@ req/s and tokens/s higher is better. The ``limit`` rows are the no-connector eng
 encoder stubbed; each ``repeat`` row also gives its wall time against that floor. The fleet
 rows (``fleet-repeat``, ``fleet-pressure``) compare ``fleet`` with ``local`` and ``upstream``
 (per-replica tiers) and its hit ratio with ``single``'s (one engine, the same total region).
+Pressure rows also give each arm's measured hit ratio beside the one expected from a replay of
+the same requests through our table (serving_expected.py, recorded in the workload's notes):
+``upstream`` against ``fifo``, ``ours`` / ``single`` / ``local`` against ``s3fifo`` (``local``
+and the fleet's ``upstream`` with a region per replica); ``fleet`` against the range from a
+region per replica to one region of both regions' bytes.
 """
 
 from __future__ import annotations
@@ -39,6 +44,13 @@ FLEET_RATIOS = (
 )
 
 Cell = dict[tuple[str, int], float]  # (run_id, round) -> value
+# arm -> (notes key, policy) of its expected hit ratio; fleet mode's per-replica arms differ
+EXPECTED_BY_ARM = {"upstream": ("expected_hit_ratio", "fifo"), "ours": ("expected_hit_ratio", "s3fifo")}
+FLEET_EXPECTED_BY_ARM = {
+    "upstream": ("expected_hit_ratio_per_replica", "fifo"),
+    "local": ("expected_hit_ratio_per_replica", "s3fifo"),
+    "single": ("expected_hit_ratio", "s3fifo"),
+}
 
 
 def collect(runs: list[dict[str, Any]]) -> dict[tuple[str, str], dict[str, dict[str, Cell]]]:
@@ -72,6 +84,45 @@ def replica_items(runs: list[dict[str, Any]]) -> dict[tuple[str, str], list[str]
     return out
 
 
+def workload_notes(runs: list[dict[str, Any]]) -> dict[tuple[str, str], dict[str, Any]]:
+    """{(mode, workload key): the notes the run recorded for it} (the last run's, when merged)."""
+    out = {}
+    for run in runs:
+        for w in run.get("workloads", []):
+            out[(run["mode"], f"{w['name']}@{w['size'][0]}x{w['size'][1]}")] = w.get("notes", {})
+    return out
+
+
+def expected_line(key: str, notes: dict[str, Any], arms: dict[str, dict[str, Cell]]) -> str | None:
+    """'hit ratio measured / expected: arm m / e (policy), ...' for a workload with expected ratios."""
+    exp = notes.get("expected_hit_ratio")
+    if not exp:
+        return None
+    fleet = key.startswith("fleet-")
+    table = FLEET_EXPECTED_BY_ARM if fleet else EXPECTED_BY_ARM
+    parts = []
+    for arm in [a for a in ARM_ORDER if a in arms]:
+        vals = list(arms[arm].get("hit_ratio", {}).values())
+        measured = f"{median(vals):.2f}" if vals else "-"
+        if arm in table:
+            where, policy = table[arm]
+            ratio = notes.get(where, {}).get(policy)
+            if ratio is not None:
+                per = " a region per replica" if where.endswith("per_replica") else ""
+                parts.append(f"{arm} {measured} / {ratio:.2f} ({policy}{per})")
+        elif fleet and arm == "fleet" and "expected_hit_ratio_per_replica" in notes:
+            low = notes["expected_hit_ratio_per_replica"]["s3fifo"]
+            span = f"{low:.2f}-{exp['s3fifo']:.2f}"
+            parts.append(f"fleet {measured} / {span} (s3fifo, a region each - one region)")
+        elif arm == "none":
+            parts.append(f"none {measured} (vLLM's own encoder cache)")
+    return (
+        "  hit ratio measured / expected from a replay in our table: "
+        + ", ".join(parts)
+        + f"; belady (offline) {exp['belady']:.2f}"
+    )
+
+
 def ratio_spread(num: Cell, den: Cell) -> tuple[float, float, float, int] | None:
     """Median, min, max of num/den over the rounds both have; None when none is shared."""
     ratios = [num[k] / den[k] for k in num if k in den and den[k]]
@@ -103,6 +154,7 @@ def skipped_arms(runs: list[dict[str, Any]]) -> dict[str, str]:
 def print_report(runs: list[dict[str, Any]]) -> None:
     table = collect(runs)
     per_replica = replica_items(runs)
+    notes = workload_notes(runs)
     for (mode, key), arms in sorted(table.items()):
         rounds = max((len(c) for a in arms.values() for c in a.values()), default=0)
         print(f"\n== {key}, {mode} ({rounds} round(s); median of rounds, ratio median (min-max)) ==")
@@ -131,6 +183,9 @@ def print_report(runs: list[dict[str, Any]]) -> None:
         for arm, ref, pair_figs in FLEET_RATIOS:
             if arm in arms and ref in arms:
                 print_ratios(arms, arm, ref, pair_figs)
+        line = expected_line(key, notes.get((mode, key), {}), arms)
+        if line:
+            print(line)
         if per_replica.get((mode, key)):
             print("  encoder items per replica: " + "; ".join(per_replica[(mode, key)]))
     for arm, why in skipped_arms(runs).items():

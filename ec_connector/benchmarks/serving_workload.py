@@ -8,8 +8,12 @@ and every round sees the same images in the same order, and a run on another mac
 - ``repeat``: a pool of `pool` images, each pass a fresh shuffle of the pool; the first pass
   fills (vLLM's own encoder cache and the tier), the next `passes` are measured. The pool must be
   larger than vLLM's own encoder cache and smaller than the region, so repeats come from the tier.
-- ``pressure``: Zipf(`zipf`) draws over a pool holding 4× the region's bytes, `requests` a pass;
-  one fill pass, then `passes` measured ones: eviction decides what hits.
+- ``pressure``: Zipf(`zipf`) draws over a pool holding 4× the region's bytes; one fill pass (not
+  measured) long enough to reach the region's steady state, then `passes` measured ones of
+  `requests`: eviction decides what hits. The fill (`pressure_fill` requests; 0: `auto_fill`)
+  draws until the distinct images seen reach 3× what the region holds (capped at 3/4 of the
+  pool): by then the region has been filled and turned over several times, so the measured
+  passes see the policy's steady state, not a cold region that every policy fills alike.
 - ``limit``: the ``repeat`` workload's requests with the encoder stubbed (see serving_hook.py).
 - ``epd``: ``unique``'s shape (every image new, a warm-up pass) served encoder -> prefill/decode: an
   encoder-only producer engine first, then a consumer engine (serving_epd.py).
@@ -33,6 +37,10 @@ MERGE = 2
 # Qwen2-VL-7B's pixel bounds (tools/tiny_vlm.py --shape 7b)
 MIN_PIXELS_7B = 3136
 MAX_PIXELS_7B = 12845056
+# The auto fill's target: distinct images drawn = FILL_REGIONS x the region's images, at most
+# FILL_POOL_SHARE of the pool (a pool barely larger than the region never reaches 3 regions).
+FILL_REGIONS = 3
+FILL_POOL_SHARE = 0.75
 _SEED_BASE = {"unique": 1 << 24, "repeat": 2 << 24, "pressure": 3 << 24, "limit": 2 << 24, "epd": 4 << 24}
 
 
@@ -125,13 +133,15 @@ def build(
     region_bytes: int,
     repeat_pool: int = 0,
     pressure_pool: int = 0,
+    pressure_fill: int = 0,
     zipf: float = 0.8,
     seed: int = 0,
 ) -> Workload:
     """One workload of `name` at image `size`; pools default from the region and item sizes.
 
     repeat pool (0: auto) = `requests` capped at 80% of the images the region holds;
-    pressure pool (0: auto) = the images in 4× the region's bytes.
+    pressure pool (0: auto) = the images in 4× the region's bytes; pressure fill (0: auto) =
+    `auto_fill`'s requests.
     """
     if name not in WORKLOADS:
         raise ValueError(f"unknown workload {name!r}: expected one of {WORKLOADS}")
@@ -165,11 +175,40 @@ def build(
     pool = pressure_pool or max(1, math.ceil(4 * region_bytes / max(1, item_bytes)))
     ranks = list(range(base, base + pool))
     rng.shuffle(ranks)  # popularity rank -> image, so popularity is not the seed order
-    out = []
-    for p in range(passes + 1):
+    fill = pressure_fill or auto_fill(rng, pool, fits, zipf)
+    out = [Pass("fill", False, tuple(ranks[i] for i in zipf_draws(rng, pool, fill, zipf)))]
+    for p in range(1, passes + 1):
         draws = zipf_draws(rng, pool, requests, zipf)
-        out.append(Pass("fill" if p == 0 else f"pass{p}", p > 0, tuple(ranks[i] for i in draws)))
-    return Workload(name, size, tuple(out), pool=pool, notes={"region_images": fits, "zipf": zipf})
+        out.append(Pass(f"pass{p}", True, tuple(ranks[i] for i in draws)))
+    notes = {
+        "region_images": fits,
+        "zipf": zipf,
+        "fill_requests": fill,
+        "fill_rule": "given" if pressure_fill else f"auto: {fill_target(pool, fits)} distinct images",
+        "distinct_before_measured": len(set(out[0].seeds)),
+    }
+    return Workload(name, size, tuple(out), pool=pool, notes=notes)
+
+
+def fill_target(pool: int, fits: int) -> int:
+    """Distinct images the auto fill draws: FILL_REGIONS regions' worth, capped at FILL_POOL_SHARE
+    of the pool."""
+    return max(1, min(FILL_REGIONS * fits, math.ceil(FILL_POOL_SHARE * pool)))
+
+
+def auto_fill(rng: random.Random, pool: int, fits: int, alpha: float) -> int:
+    """Requests until the Zipf(`alpha`) draws that `rng` will make next have named `fill_target`
+    distinct images (at most 50 pools' worth of draws). `rng` is left as it was: the fill is then
+    drawn from it, and `zipf_draws` draws one number a request, so those draws are this probe's."""
+    probe = random.Random()
+    probe.setstate(rng.getstate())
+    target, seen = fill_target(pool, fits), set()
+    for chunk in range(50):
+        for n, k in enumerate(zipf_draws(probe, pool, pool, alpha)):
+            seen.add(k)
+            if len(seen) >= target:
+                return chunk * pool + n + 1
+    return 50 * pool
 
 
 def fleet_workloads(size: tuple[int, int], *, region_bytes: int, **options: Any) -> list[Workload]:

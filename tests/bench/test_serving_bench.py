@@ -130,8 +130,8 @@ def test_serving_bench_runs_end_to_end_on_vllm_cpu(vllm_python: Path, tmp_path: 
         str(vllm_python), str(REPO / "bench" / "serving.py"), "run", "--shape", "tiny", "--mode", "eager",
         "--out", str(out), "--rounds", "1", "--images", "100x80", "--requests-per-pass", "8",
         "--passes", "1", "--concurrency", "4", "--region-mib", "1", "--pressure-pool", "16",
-        "--max-model-len", "256", "--max-num-seqs", "4", "--max-num-batched-tokens", "48",
-        "--child-timeout-s", "400",
+        "--pressure-fill", "8", "--max-model-len", "256", "--max-num-seqs", "4",
+        "--max-num-batched-tokens", "48", "--child-timeout-s", "400",
     ]  # fmt: skip
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     env.update(VLLM_CPU_KVCACHE_SPACE="1", HF_HUB_OFFLINE="1")

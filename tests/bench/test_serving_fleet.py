@@ -121,7 +121,7 @@ def test_the_estimate_counts_two_engine_starts_for_a_pair() -> None:
     wls = [
         w.to_dict()
         for w in fleet_workloads(
-            (896, 672), region_bytes=2 * 512 * MiB, requests=25, passes=1, item_bytes=ITEM
+            (896, 672), region_bytes=2 * 512 * MiB, requests=25, passes=1, item_bytes=ITEM, pressure_fill=25
         )
     ]
     pair, single = estimate_s(args, ["local"], wls), estimate_s(args, ["single"], wls)
@@ -166,8 +166,8 @@ def test_fleet_bench_runs_end_to_end_on_vllm_cpu(vllm_python: Path, tmp_path: Pa
         str(vllm_python), str(REPO / "bench" / "serving.py"), "run", "--shape", "tiny", "--mode", "eager",
         "--workloads", "fleet", "--arms", "fleet,single", "--out", str(out), "--rounds", "1",
         "--images", "100x80", "--requests-per-pass", "6", "--passes", "1", "--concurrency", "4",
-        "--region-mib", "1", "--pressure-pool", "12", "--max-model-len", "256", "--max-num-seqs", "4",
-        "--max-num-batched-tokens", "48", "--child-timeout-s", "400",
+        "--region-mib", "1", "--pressure-pool", "12", "--pressure-fill", "6", "--max-model-len", "256",
+        "--max-num-seqs", "4", "--max-num-batched-tokens", "48", "--child-timeout-s", "400",
     ]  # fmt: skip
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     env.update(VLLM_CPU_KVCACHE_SPACE="1", HF_HUB_OFFLINE="1")

@@ -1,0 +1,80 @@
+"""The hit ratios a serving workload's own requests give in a replay of our table (no engine).
+
+The serving bench's measured hit ratio comes from engines; this module gives, from the trace
+alone and in milliseconds, what the eviction policies make of the same requests, so a report can
+print "expected" beside "measured". The workload's requests, in order, one a step, are replayed
+through our EntryTable (replay.py's `replay_hits`, as bench/eviction.py does) with the shipped
+`fifo` (the order vLLM's ECCPUConnector evicts in) and `s3fifo`, and with Belady's offline MIN
+(the reference no online policy beats by much); the fill is served but only the measured passes
+count. Blocks are 7 KiB rows (a hidden-3584 bf16 model, cache_traces.ROW_BYTES): an image takes
+ceil(item bytes / 7 KiB) blocks, the region floor(region bytes / 7 KiB).
+
+What the replay leaves out: vLLM's own GPU encoder cache (a few images; it adds hits to every
+arm, `none` included), requests in flight at once (a repeat of an image whose save has not
+landed encodes again), and failed saves. A measured ratio a little above the expected one is
+vLLM's cache; one far off means the tier did not do what the table does.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+from ec_connector.benchmarks.cache_sides import OursSide
+from ec_connector.benchmarks.cache_traces import ROW_BYTES, Item, Step, Trace
+from ec_connector.benchmarks.replay import BeladyPolicy, RequestClock, replay_hits, request_positions
+from ec_connector.benchmarks.serving_engine import replica_for
+
+ONLINE = ("fifo", "s3fifo")
+
+
+def serving_trace(requests: Sequence[int], rows: int, num_blocks: int) -> Trace:
+    """One request a step, each one image (its seed) of `rows` blocks; saves never fail."""
+    steps = tuple(Step(((i, (Item(str(seed), rows, False),)),), ()) for i, seed in enumerate(requests))
+    return Trace(steps, 1, num_blocks, "serving")
+
+
+def hit_ratios(requests: Sequence[int], count_from: int, rows: int, num_blocks: int) -> dict[str, float]:
+    """Hit ratio of the requests from index `count_from` on, per policy (ONLINE, then belady),
+    after the earlier ones were served in the same region."""
+    trace = serving_trace(requests, rows, num_blocks)
+    out = {}
+    for policy in ONLINE:
+        res = replay_hits(OursSide(num_blocks, eviction=policy), trace, count_from=count_from)
+        out[policy] = 1.0 - res["miss_ratio"]
+    clock = RequestClock()
+    side = OursSide(num_blocks)
+    side.table._policy = BeladyPolicy(side.table._evictable, request_positions(trace), clock)
+    out["belady"] = 1.0 - replay_hits(side, trace, clock, count_from=count_from)["miss_ratio"]
+    return out
+
+
+def expected(wl: dict[str, Any], item_bytes: int, region_bytes: int, replicas: int = 1) -> dict[str, Any]:
+    """Expected hit ratios of workload `wl` (Workload.to_dict()) on its measured passes: one region
+    of `region_bytes` serving every request and, with `replicas` > 1, each replica's region
+    (`region_bytes` / `replicas`) serving the requests the round-robin client sends it (request i of
+    a pass to replica i % replicas), their hits summed (what per-replica tiers get)."""
+    rows = max(1, math.ceil(item_bytes / ROW_BYTES))
+    passes = [list(p["seeds"]) for p in wl["passes"]]
+    first = next((n for n, p in enumerate(wl["passes"]) if p["measured"]), len(passes))
+    flat = [s for p in passes for s in p]
+    whole = hit_ratios(flat, sum(map(len, passes[:first])), rows, region_bytes // ROW_BYTES)
+    out: dict[str, Any] = {"expected_hit_ratio": _rounded(whole)}
+    if replicas > 1:
+        per: dict[str, float] = dict.fromkeys(ONLINE, 0.0)
+        counted = 0
+        for k in range(replicas):
+            mine = [[s for i, s in enumerate(p) if replica_for(i, replicas) == k] for p in passes]
+            skip, n = sum(map(len, mine[:first])), sum(map(len, mine[first:]))
+            blocks = region_bytes // replicas // ROW_BYTES
+            ratios = hit_ratios([s for p in mine for s in p], skip, rows, blocks)
+            for policy in ONLINE:
+                per[policy] += ratios[policy] * n
+            counted += n
+        out["expected_hit_ratio_per_replica"] = _rounded({p: v / max(1, counted) for p, v in per.items()})
+    return out
+
+
+def _rounded(ratios: dict[str, float]) -> dict[str, float]:
+    return {k: round(v, 4) for k, v in ratios.items()}

@@ -1,0 +1,146 @@
+"""The pressure workload's fill and the hit ratios expected from a replay of its own requests
+(serving_workload.auto_fill, serving_expected), and the report's expected-beside-measured line."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+
+from ec_connector.benchmarks import serving_report
+from ec_connector.benchmarks.serving import parser, plan_fill, workloads
+from ec_connector.benchmarks.serving_expected import expected, hit_ratios
+from ec_connector.benchmarks.serving_workload import build, fleet_workloads
+
+ITEM = 768 * 3584 * 2  # 5.25 MiB: 768 blocks of 7 KiB
+MiB = 1 << 20
+A, B, C = 1, 2, 3
+
+
+def _pressure(region: int, **kw: int) -> tuple:
+    wl = build("pressure", (896, 672), requests=64, passes=2, item_bytes=ITEM, region_bytes=region, **kw)
+    return wl, wl.passes[0].seeds
+
+
+def test_the_auto_fill_stops_at_the_request_that_names_three_regions_of_distinct_images() -> None:
+    wl, fill = _pressure(128 * MiB)  # the region holds 24 images, the pool 98
+    assert wl.notes["region_images"] == 24 and wl.pool == 98
+    assert len(set(fill)) == 72 == wl.notes["distinct_before_measured"]
+    assert len(set(fill[:-1])) == 71  # not one request longer than needed
+    assert wl.notes["fill_requests"] == len(fill) and wl.notes["fill_rule"] == "auto: 72 distinct images"
+    assert [(p.label, p.measured, len(p.seeds)) for p in wl.passes[1:]] == [
+        ("pass1", True, 64),
+        ("pass2", True, 64),
+    ]
+    # a given fill draws the same requests from the same numbers: auto's length gives auto's trace
+    given, _ = _pressure(128 * MiB, pressure_fill=len(fill))
+    assert given.passes == wl.passes and given.notes["fill_rule"] == "given"
+    short, short_fill = _pressure(128 * MiB, pressure_fill=64)
+    assert short_fill == fill[:64] and short.notes["fill_requests"] == 64
+
+
+def test_a_pool_too_small_for_three_regions_fills_three_quarters_of_it() -> None:
+    wl, fill = _pressure(128 * MiB, pressure_pool=40)
+    assert len(set(fill)) == 30 == wl.notes["distinct_before_measured"]
+
+
+def test_the_fleet_fill_counts_the_fleets_total_region() -> None:
+    _, pressure = fleet_workloads(
+        (896, 672), region_bytes=2 * 128 * MiB, requests=64, passes=1, item_bytes=ITEM
+    )
+    assert pressure.name == "fleet-pressure" and pressure.notes["distinct_before_measured"] == 3 * 48
+
+
+def test_a_cyclic_scan_one_image_larger_than_the_region_never_hits_in_fifo_and_half_in_belady() -> None:
+    # region of 2 images, A B C over and over; the first 3 requests fill. FIFO (and S3-FIFO, which
+    # has nothing hit twice to keep) always evicts the next one asked; Belady keeps it every other
+    # request: hit A, miss B, hit C, miss A, hit B, miss C
+    assert hit_ratios([A, B, C] * 3, 3, 768, 2 * 768) == {"fifo": 0.0, "s3fifo": 0.0, "belady": 0.5}
+    assert hit_ratios([A, B] * 3, 2, 768, 2 * 768) == {"fifo": 1.0, "s3fifo": 1.0, "belady": 1.0}
+    # only the measured requests count: the fill's misses are not in the ratio
+    assert hit_ratios([A, B, A, B], 0, 768, 2 * 768)["fifo"] == 0.5
+
+
+def test_per_replica_ratios_follow_the_round_robin_client() -> None:
+    def passes(*ps: list[int]) -> dict:
+        return {"passes": [{"seeds": p, "measured": n > 0} for n, p in enumerate(ps)]}
+
+    # each replica's region holds one image: A always to replica 0, B to 1 -> every repeat hits
+    same = expected(passes([A, B], [A, B]), ITEM, 2 * ITEM, replicas=2)
+    assert same["expected_hit_ratio_per_replica"] == {"fifo": 1.0, "s3fifo": 1.0}
+    # swapped, each replica gets the image the other saw: no hit, where one region of both has all
+    swapped = expected(passes([A, B], [B, A]), ITEM, 2 * ITEM, replicas=2)
+    assert swapped["expected_hit_ratio"] == {"fifo": 1.0, "s3fifo": 1.0, "belady": 1.0}
+    assert swapped["expected_hit_ratio_per_replica"] == {"fifo": 0.0, "s3fifo": 0.0}
+    assert "expected_hit_ratio_per_replica" not in expected(passes([A], [A]), ITEM, ITEM)
+
+
+def test_the_run_records_the_fill_and_the_expected_ratios_in_the_workload_notes() -> None:
+    args = parser().parse_args(
+        ["run", "--out", "/tmp/unused", "--workloads", "unique,pressure", "--region-mib", "64"]
+    )
+    geometry = {"hidden": 3584, "min_pixels": 3136, "max_pixels": 12845056}
+    unique, pressure = workloads(args, geometry)
+    assert "expected_hit_ratio" not in unique["notes"]
+    notes = pressure["notes"]
+    assert notes["fill_requests"] == len(pressure["passes"][0]["seeds"]) and notes["region_images"] == 12
+    exp = notes["expected_hit_ratio"]
+    assert set(exp) == {"fifo", "s3fifo", "belady"} and 0.0 < exp["fifo"] <= exp["belady"] <= 1.0
+    line = plan_fill(notes)
+    assert line.startswith(f"fill {notes['fill_requests']} requests (auto: 36 distinct images), 36 distinct")
+    assert f"belady {exp['belady']:.3f}" in line
+    fleet = workloads(argparse.Namespace(**{**vars(args), "workloads": "fleet"}), geometry)[1]
+    assert fleet["notes"]["distinct_before_measured"] == 72  # 3x the fleet's 24 images
+    assert set(fleet["notes"]["expected_hit_ratio_per_replica"]) == {"fifo", "s3fifo"}
+    assert "a region per replica: fifo" in plan_fill(fleet["notes"])
+
+
+def _engine(arm: str, r: int, hit: float, key: str) -> dict:
+    measured = {"wall_s": 2.0, "req_s": 32.0, "hit_ratio": hit}
+    return {
+        "arm": arm,
+        "round": r,
+        "status": "ok",
+        "workloads": [{"workload": key.split("@")[0], "key": key, "measured": measured}],
+    }
+
+
+def test_the_report_prints_measured_beside_expected_hit_ratios(capsys: pytest.CaptureFixture[str]) -> None:
+    exp = {"fifo": 0.56, "s3fifo": 0.62, "belady": 0.74}
+    single = {
+        "run_id": "t",
+        "mode": "eager",
+        "workloads": [{"name": "pressure", "size": [896, 672], "notes": {"expected_hit_ratio": exp}}],
+        "engines": [
+            _engine("none", 0, 0.1, "pressure@896x672"),
+            _engine("upstream", 0, 0.58, "pressure@896x672"),
+            _engine("ours", 0, 0.60, "pressure@896x672"),
+            _engine("ours", 1, 0.64, "pressure@896x672"),
+        ],
+    }
+    per = {"fifo": 0.41, "s3fifo": 0.53}
+    fleet = {
+        "run_id": "f",
+        "mode": "eager",
+        "workloads": [
+            {
+                "name": "fleet-pressure",
+                "size": [896, 672],
+                "notes": {"expected_hit_ratio": exp, "expected_hit_ratio_per_replica": per},
+            }
+        ],
+        "engines": [
+            _engine(a, 0, h, "fleet-pressure@896x672")
+            for a, h in (("upstream", 0.4), ("local", 0.5), ("fleet", 0.57), ("single", 0.6))
+        ],
+    }
+    serving_report.print_report([single, fleet])
+    out = capsys.readouterr().out
+    assert (
+        "hit ratio measured / expected from a replay in our table: none 0.10 (vLLM's own encoder cache), "
+        "upstream 0.58 / 0.56 (fifo), ours 0.62 / 0.62 (s3fifo); belady (offline) 0.74"
+    ) in out
+    assert (
+        "upstream 0.40 / 0.41 (fifo a region per replica), local 0.50 / 0.53 (s3fifo a region per replica), "
+        "fleet 0.57 / 0.53-0.62 (s3fifo, a region each - one region), single 0.60 / 0.62 (s3fifo)"
+    ) in out
