@@ -28,9 +28,11 @@ replicas, a region each, vLLM's connector or ours), ``fleet`` (ours with fleet s
 ``single`` (one engine with both regions' bytes).
 
 Prefix caching is off (a repeated prompt would otherwise skip the encoder). Each child has a
-timeout: a hung engine is killed (its whole process group) and the arm marked failed; the run's
-JSON is rewritten after every child, so a killed run keeps what finished. `report` merges one or
-more run JSONs (serving_report.py).
+timeout: a hung engine is killed (its whole process group) and the arm marked failed; with
+`--budget-s`, a child whose timeout the budget would clamp below its need (serving_budget.py) is
+not started. The run's JSON is rewritten after every child, so a killed run keeps what finished;
+its workload notes carry the pressure workloads' expected hit ratios (serving_expected.py).
+`report` merges one or more run JSONs (serving_report.py).
 """
 
 from __future__ import annotations
