@@ -54,74 +54,18 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.copy_bandwidth import add_stream_option, aged, scattered  # noqa: E402
+from bench.copy_bandwidth import add_stream_option  # noqa: E402
+from bench.copy_host_launch_cases import BATCH, cases  # noqa: E402
+from bench.copy_host_launch_report import print_best, print_case  # noqa: E402
 from ec_connector.adapters.memory import MemoryRegion  # noqa: E402
 from ec_connector.adapters.torch_copy import TorchCopier  # noqa: E402
 from ec_connector.adapters.torch_copy.copier import DMA_MIN_BYTES  # noqa: E402
 from ec_connector.adapters.torch_copy.cuda import FEW_RUNS, MIXED_MIN_RUNS  # noqa: E402
 from ec_connector.adapters.torch_copy.native.batchplan import BatchPlan, BatchPlanner  # noqa: E402
 from ec_connector.application.worker import TierWorker  # noqa: E402
-from ec_connector.domain.blocks import Extent  # noqa: E402
 from ec_connector.domain.config import Role  # noqa: E402
 from ec_connector.domain.layout import Layout  # noqa: E402
 from ec_connector.domain.transfers import PlannedCopy, SaveJob, StepPlan  # noqa: E402
-
-BATCH = 32
-
-
-def in_runs(rows: int, runs: int, gap: int) -> tuple[list[tuple[Extent, ...]], int]:
-    """BATCH entries of `rows` rows, each cut into `runs` runs with `gap` free blocks between runs."""
-    out, pos = [], 0
-    for _ in range(BATCH):
-        ext, left = [], rows
-        for k in range(runs):
-            n = left if k == runs - 1 else rows // runs
-            ext.append(Extent(pos, n))
-            pos += n + gap
-            left -= n
-        out.append(tuple(ext))
-    return out, pos
-
-
-def cases(rng: random.Random) -> list[tuple[str, int, int, list[tuple[Extent, ...]], int]]:
-    """(name, width, rows, extents per entry, region blocks); "one output": payloads are views of one
-    tensor (as an encoder's per-item outputs are), so touching runs may be joined on saves too."""
-    out = []
-    for name, width, rows, runs, gap in (
-        ("64 rows x 7 KiB, 1 run", 3584, 64, 1, 0),
-        ("64 rows x 7 KiB, 1 run, one output", 3584, 64, 1, 0),
-        ("64 rows x 7 KiB, 1 run, gaps", 3584, 64, 1, 1),
-        ("64 rows x 7 KiB, 3 runs", 3584, 64, 3, 1),
-        ("64 rows x 2 KiB, 1 run", 1024, 64, 1, 0),
-        ("1 MiB of 7 KiB rows, 2 runs", 3584, 146, 2, 5),
-        ("16 MiB of 32 KiB rows, 1 run", 16384, 512, 1, 0),
-    ):
-        ext, blocks = in_runs(rows, runs, gap)
-        out.append((name, width, rows, ext, blocks))
-    for name, width, rows in (
-        ("1 MiB of 2 KiB rows, runs1-16", 1024, 512),
-        ("1 MiB of 7 KiB rows, runs1-16", 3584, 146),
-        ("1 MiB of 2 KiB rows, aged", 1024, 512),
-        ("1 MiB of 7 KiB rows, aged", 3584, 146),
-        # vLLM loads at most its encoder cache's rows in one step: max(max_num_batched_tokens, the
-        # model's largest item), and max_num_batched_tokens defaults to 8192 (API server) or 16384
-        # (offline) on an H200; these are the largest 32-entry batches those leave
-        ("1.75 MiB of 7 KiB rows, aged, 8192 rows", 3584, 256),
-        ("3.5 MiB of 7 KiB rows, aged, 16384 rows", 3584, 512),
-        ("8 MiB of 7 KiB rows, aged", 3584, 1170),
-        ("16 MiB of 7 KiB rows, aged", 3584, 2340),
-        ("8 MiB of 7 KiB rows, aged, 25% reads", 3584, 1170),
-        ("16 MiB of 7 KiB rows, aged, 25% reads", 3584, 2340),
-    ):
-        if "aged" in name:  # the tier's table, full and aged, with its run floor and cap
-            blocks = int(BATCH * rows * 2.2) + 64
-            reads = 0.25 if name.endswith("reads") else 0.0  # a read queues its entry again
-            ext = aged(blocks, rows, BATCH, rng, row_bytes=width * 2, read_share=reads)
-        else:
-            blocks = (BATCH + 8) * rows
-            ext = scattered(blocks, rows, BATCH, rng)
-        out.append((name, width, rows, ext, blocks))
-    return out
 
 
 class Timed(NamedTuple):
@@ -537,79 +481,6 @@ def main(argv: list[str] | None = None) -> None:
                 indent=2,
             )
         )
-
-
-def print_case(r: dict) -> None:
-    def cell(label: str, t: dict) -> str:
-        spread = f"{t['p10_us']:.0f}-{t['p90_us']:.0f}"
-        return f"{label} {t['median_us']:7.1f} us ({spread}; cpu {t['cpu_median_us']:.0f})"
-
-    def line(head: str, prefix: str, tail: str) -> None:
-        """The launcher's save, the step thread's ("inline") and their ratio, the load, `tail`."""
-        save, inline, load = r[f"{prefix}save"], r[f"{prefix}save_inline"], r[f"{prefix}load"]
-        ratio = save["median_us"] / inline["median_us"]
-        saves = f"{cell('save', save)}  {cell('inline', inline)} x{ratio:.2f}"
-        print(f"{head}{saves}  {cell('load', load)}{tail}", flush=True)
-
-    line(
-        f"{r['case']:36s} runs {r['runs']:5d}  ",
-        "",
-        f"  plan {r['plan_us']:6.1f} us  bytes {'ok' if r['bytes_ok'] else 'WRONG'}"
-        f"  steal {r['steal_pct']:.1f}%",
-    )
-    line(f"{'  through TierWorker (bind, save x32, flush / start_loads)':58s} ", "worker_", "")
-    parts = [
-        f"{call} less it {ours_us(r, call, driver):6.1f} us (driver {r[driver]['median_us']:.1f})"
-        for call, driver in OURS
-        if driver in r
-    ]
-    if parts:
-        print(f"{'  our part (the driver call alone, same copies, in turn)':58s} " + "  ".join(parts))
-
-
-# (the step thread's call, the driver call it makes for the same copies, timed in turn with it)
-OURS = (
-    ("save_inline", "save_driver"),
-    ("load", "load_driver"),
-    ("worker_save_inline", "worker_save_driver"),
-    ("worker_load", "worker_load_driver"),
-)
-
-
-def ours_us(r: dict, call: str, driver: str) -> float:
-    """Median host µs of the step thread's call less the median of the driver call it makes."""
-    return float(r[call]["median_us"] - r[driver]["median_us"])
-
-
-def print_best(passes: list[list[dict]]) -> None:
-    """Per case and call, the lowest of the passes' medians and the highest: the host's load drifts
-    over minutes on the GPU machine, and the lowest median is the code's cost at its quietest."""
-    calls = ("save", "save_inline", "load", "worker_save", "worker_save_inline", "worker_load")
-
-    def lowest_and_highest(key: str) -> None:
-        for i, first in enumerate(passes[0]):
-            cells = []
-            for call in calls:
-                medians = [rows[i][call][key] for rows in passes]
-                cells.append(f"{min(medians):9.1f} ({max(medians):6.1f})")
-            print(f"{first['case']:36s} {first['runs']:5d}  " + "  ".join(cells), flush=True)
-
-    print(f"# best of {len(passes)} passes: lowest median us (highest)")
-    print(f"{'case':36s} {'runs':>5s}  " + "  ".join(f"{c:>18s}" for c in calls))
-    lowest_and_highest("median_us")
-    print("# the step thread's own CPU time in those calls: lowest median us (highest)")
-    lowest_and_highest("cpu_median_us")
-    print("# our part of the step thread's call: the call less the driver's own, per pass: lowest (highest)")
-    print(f"{'case':36s} {'runs':>5s}  " + "  ".join(f"{c + ' - driver':>28s}" for c, _ in OURS))
-    for i, first in enumerate(passes[0]):
-        cells = []
-        for call, driver in OURS:
-            if driver not in first:
-                cells.append(f"{'(kernel runs)':>28s}")
-                continue
-            ours = [ours_us(rows[i], call, driver) for rows in passes]
-            cells.append(f"{min(ours):19.1f} ({max(ours):6.1f})")
-        print(f"{first['case']:36s} {first['runs']:5d}  " + "  ".join(cells), flush=True)
 
 
 if __name__ == "__main__":
