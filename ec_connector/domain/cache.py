@@ -6,8 +6,9 @@ Rules held here:
   eviction policy (`domain/eviction.py`): `fifo`, reservation order with an entry sent to the back
   of the queue when its last pin or grant is released (it was just read: a load or a peer's READ),
   as vLLM's EmbeddingCache re-queues an entry on unpin; or `s3fifo`, which keeps what is read again
-  and lets images seen once go first. The table counts reads (pins and grants) for the policy and
-  tells it what became evictable; the policy never evicts by itself;
+  and lets images seen once, and copies pulled from peers (`mark_copy`), go first. The table
+  counts reads (pins and grants) for the policy and tells it what became evictable; the policy
+  never evicts by itself;
 - an allocation that cannot fit even after evicting every evictable entry fails at once and evicts
   nothing;
 - with a run floor (`min_run` blocks), an entry that has to be split is placed in pieces of at
@@ -40,7 +41,7 @@ from enum import Enum
 from ec_connector.domain.blocks import ExtentAllocator
 from ec_connector.domain.entries import Entry, Phase
 from ec_connector.domain.errors import IllegalTransition, UnknownEntry
-from ec_connector.domain.eviction import FIFO, EvictionPolicy, make_policy
+from ec_connector.domain.eviction import FIFO, CopyAwarePolicy, EvictionPolicy, make_policy
 
 
 class _Deadline(Enum):
@@ -216,6 +217,19 @@ class EntryTable:
         entry.mark_ready()
         self._phases[key] = _READY
         self._refresh(entry)
+        return entry
+
+    def mark_copy(self, key: str) -> Entry:
+        """The NOT_READY entry `key` is a copy of an item a live peer still holds (a fleet pull):
+        the eviction policy may let it go before the entries this replica encoded (`s3fifo`:
+        first of all, unless it is read here again; `fifo`: no difference). Raises
+        IllegalTransition once the entry is READY (it has taken its queue place by then)."""
+        entry = self._require(key)
+        if entry.phase is not _NOT_READY:
+            raise IllegalTransition(f"entry {key!r}: only a reservation can be marked a copy")
+        policy = self._policy
+        if isinstance(policy, CopyAwarePolicy):  # once per pull: the check's cost is no concern
+            policy.copied(entry)
         return entry
 
     def extend_ready_deadline(self, key: str, deadline: float) -> None:

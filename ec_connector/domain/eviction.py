@@ -14,7 +14,12 @@ protected by the caller) and how many blocks it needs; a policy only orders them
   goes round again (its read count, capped at 7, drops by one), one that was not is evicted. So an
   image seen once (a scan) costs at most the small queue, and the main queue keeps what is read
   again. The ghost and read-count sizes were chosen on the traces of `bench/eviction.py`
-  (docs/eviction.md).
+  (docs/eviction.md). A copy pulled from a peer that holds the item (a fleet pull, `copied`)
+  waits in a third queue that gives up its entries before the other two are asked; the pulling
+  request's load is not counted as a read, and a copy read here again joins the small queue as
+  read once. So replicas that share a working set keep one copy of it (the encoder's, whose
+  peer READs count as reads), and their regions together hold nearly what one region of the
+  same bytes would (`bench/fleet_replay.py`, docs/fleet.md).
 
 Both are O(1) amortised per table operation (`fifo`: O(log entries) per victim) and never scan the
 table: the queues are deques (or a heap) of entries with lazy deletion, compacted when stale items
@@ -26,7 +31,7 @@ from __future__ import annotations
 import heapq
 from collections import OrderedDict, deque
 from collections.abc import Container, Mapping
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 from ec_connector.domain.entries import Entry
 
@@ -74,6 +79,16 @@ class EvictionPolicy(Protocol):
     def rank(self, entry: Entry) -> tuple[int, int]:
         """A sort key: evictable entries sorted by it are in eviction order (the table's slow path
         when a caller's time is behind the table's, which needs a one-off order of a subset)."""
+
+
+@runtime_checkable
+class CopyAwarePolicy(Protocol):
+    """A policy that tells copies pulled from peers apart (`s3fifo`); the table ignores the mark
+    under a policy without it (`fifo`, vLLM's order, queues a copy as any entry)."""
+
+    def copied(self, entry: Entry) -> None:
+        """`entry`, reserved and not READY yet, is a copy of an item a live peer still holds (a
+        fleet pull): the policy may let it go before the entries this replica encoded."""
 
 
 def make_policy(
@@ -141,7 +156,7 @@ class FifoPolicy:
         return (0, entry.order)
 
 
-_SMALL, _MAIN, _GONE = 0, 1, 2
+_SMALL, _MAIN, _COPIES, _GONE = 0, 1, 2, 3
 
 
 class _Node:
@@ -158,7 +173,9 @@ class _Node:
 
 class S3FifoPolicy:
     """S3-FIFO over blocks (see the module docstring). An entry joins its queue when it first
-    becomes READY (bytes still arriving are never a victim, so they do not take a queue place)."""
+    becomes READY (bytes still arriving are never a victim, so they do not take a queue place).
+    Pulled copies (`copied`) wait in a queue of their own, oldest first, which gives every victim
+    it can before the small and main queues are asked."""
 
     name = S3FIFO
 
@@ -177,9 +194,9 @@ class S3FifoPolicy:
         self._ghost_limit = max(1, int(num_blocks * ghost_share))
         self._max_reads = max_reads
         self._nodes: dict[str, _Node] = {}
-        self._queues: tuple[deque[tuple[int, _Node]], deque[tuple[int, _Node]]] = (deque(), deque())
-        self._rows = [0, 0]  # blocks of the queued entries of each queue
-        self._live = [0, 0]  # queued entries of each queue
+        self._queues: tuple[deque[tuple[int, _Node]], ...] = (deque(), deque(), deque())
+        self._rows = [0, 0, 0]  # blocks of the queued entries of each queue (small, main, copies)
+        self._live = [0, 0, 0]  # queued entries of each queue
         self._ghost: OrderedDict[str, int] = OrderedDict()  # key -> rows, oldest first
         self._ghost_rows = 0
         self._stamp = 0
@@ -200,8 +217,21 @@ class S3FifoPolicy:
 
     def read(self, entry: Entry) -> None:
         node = self._nodes[entry.key]
+        if node.queue == _COPIES:
+            # The first read of a copy is the pulling request's load, which says nothing of reuse
+            # here; a second makes it this replica's own: the small queue's back, read once.
+            node.reads += 1
+            if node.reads >= 2:
+                node.reads = 1
+                self._move(node, _SMALL)
+            return
         if node.reads < self._max_reads:
             node.reads += 1
+
+    def copied(self, entry: Entry) -> None:
+        node = self._nodes[entry.key]
+        if not node.stamp:  # not queued yet (the table marks copies before they are READY)
+            node.queue = _COPIES
 
     def freed(self, entry: Entry) -> None:
         node = self._nodes.pop(entry.key)
@@ -212,12 +242,15 @@ class S3FifoPolicy:
 
     def victims(self, needed: int, protect: Container[str]) -> list[Entry]:
         victims: list[Entry] = []
+        copies = self._live[_COPIES] > 0
         while needed > 0:
-            victim = None
-            if self._rows[_SMALL] >= self._small_target or not self._live[_MAIN]:
-                victim = self._small_victim(protect)
+            victim = self._from_copies(protect) if copies else None
             if victim is None:
-                victim = self._from_main(protect) or self._from_small(protect)
+                copies = False  # none left, or all held: not asked again in this call
+                if self._rows[_SMALL] >= self._small_target or not self._live[_MAIN]:
+                    victim = self._small_victim(protect)
+                if victim is None:
+                    victim = self._from_main(protect) or self._from_small(protect)
             assert victim is not None, "victims() called with too few evictable blocks"
             victims.append(victim)
             needed -= victim.rows
@@ -228,11 +261,14 @@ class S3FifoPolicy:
         return self._from_small(protect)
 
     def queued(self) -> int:
-        return len(self._queues[_SMALL]) + len(self._queues[_MAIN])
+        return sum(len(queue) for queue in self._queues)
 
     def rank(self, entry: Entry) -> tuple[int, int]:
-        # small-queue entries not read first, then main-queue ones by reads left, each in queue order
+        # copies first, then small-queue entries not read, then main-queue ones by reads left,
+        # each in queue order
         node = self._nodes[entry.key]
+        if node.queue == _COPIES:
+            return (-1, node.stamp)
         if node.queue == _SMALL and not node.reads:
             return (0, node.stamp)
         return (1 + node.reads, node.stamp)
@@ -268,6 +304,20 @@ class S3FifoPolicy:
                 self._append(node)  # held for now: it goes round
         return None
 
+    def _from_copies(self, protect: Container[str]) -> Entry | None:
+        """The copies' queue's first evictable entry; held ones go round. None when a whole round
+        finds none."""
+        queue = self._queues[_COPIES]
+        for _ in range(len(queue)):
+            stamp, node = queue.popleft()
+            if node.stamp != stamp or node.queue != _COPIES:
+                continue  # stale
+            if self._is_victim(node, protect):
+                self._evict(node)
+                return node.entry
+            self._append(node)
+        return None
+
     def _from_main(self, protect: Container[str]) -> Entry | None:
         """The main queue's first evictable entry with no reads left; each entry passed loses one
         read and goes round. None when no entry can go."""
@@ -297,6 +347,19 @@ class S3FifoPolicy:
             live = [(s, n) for s, n in queue if n.stamp == s and n.queue == node.queue]
             queue.clear()
             queue.extend(live)
+
+    def _move(self, node: _Node, queue: int) -> None:
+        """Put `node` at the back of `queue` (its old queue item goes stale)."""
+        if node.stamp:
+            rows = node.entry.rows
+            self._rows[node.queue] -= rows
+            self._live[node.queue] -= 1
+            self._rows[queue] += rows
+            self._live[queue] += 1
+            node.queue = queue
+            self._append(node)
+        else:
+            node.queue = queue  # not queued yet: it joins `queue` when listed
 
     def _evict(self, node: _Node) -> None:
         self._rows[node.queue] -= node.entry.rows
