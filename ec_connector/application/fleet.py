@@ -15,6 +15,8 @@ Two halves, on two threads:
   (`{key: {"metadata": {}, "peer_host", "peer_port", "size_bytes"}}`): XferReq, NIXL READ into
   the local region, and every fallback and bound of that path. A pull is not started when the
   local region cannot take it (the fetcher's reservation fails: `region_full`, no request sent).
+  A started pull's entry is marked a copy (`TierScheduler.mark_copy`): under `s3fifo` it is the
+  first to go unless read here again, so replicas sharing a working set keep it about once.
 
 Keys are the tier's entry keys (`domain/scope.py`): a request under scope S asks for its scoped
 keys, so it can only be served entries stored under S, locally and from peers.
@@ -253,7 +255,6 @@ class FleetUpdater:
             log.warning("fleet_peer_silent", peer=peer_id, timeout_s=self._timeout)
         return silent
 
-
     def _levels(self) -> None:
         """Refresh the directory's levels in the stats (under the lock)."""
         self.stats.directory_records = len(self._directory)
@@ -352,10 +353,12 @@ class FleetFetcher:
         return {"metadata": {}, "peer_host": address.host, "peer_port": address.port, "size_bytes": size}
 
     def _note_started(self, synthesized: Mapping[str, object]) -> None:
-        """A pull whose reservation exists has started; one without did not (region full, or the
-        item fell back recently): forget it here without blaming the peer's record."""
+        """A pull whose reservation exists has started, and its entry is a copy (the peer keeps
+        its own, so this one goes first when space is needed); one without did not (region full,
+        or the item fell back recently): forget it here without blaming the peer's record."""
         for key in synthesized:
             if self._tier.holds(key):
+                self._tier.mark_copy(key)
                 self.stats.pulls_started += 1
             else:
                 del self._pulls[key]

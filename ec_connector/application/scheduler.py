@@ -234,6 +234,18 @@ class TierScheduler:
                 self._account_evictions(reservation)
             return reservation
 
+    def mark_copy(self, key: str) -> bool:
+        """The fetch reserved for `key` pulls a copy of an item a live peer holds (a fleet pull, not
+        params an orchestrator forwarded): the eviction policy lets it go before the entries this
+        replica encoded (`EntryTable.mark_copy`). False, changing nothing, when `key` is not a
+        fetch whose bytes are still arriving."""
+        with self._lock:
+            entry = self._table.get(key)
+            if entry is None or entry.phase is not Phase.NOT_READY:
+                return False
+            self._table.mark_copy(key)
+            return True
+
     def finish_fetch(self, key: str) -> None:
         """The bytes of the fetch reserved for `key` are in place: the entry is READY (and stored,
         as an event)."""

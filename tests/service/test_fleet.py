@@ -127,6 +127,40 @@ def test_an_item_encoded_by_one_replica_is_pulled_by_the_other_and_not_encoded_t
     assert fleet.a.scheduler.entry("img").grants == {}, "A's pin was released"
 
 
+def _fill_b_then_save(fleet: Fleet, pulled_with: object = None) -> list[str]:
+    """B encodes "own" (6 of its 16 blocks), loads "img" (6) pulled from A (through the directory,
+    or `pulled_with` params an orchestrator forwarded), then saves "new" (6): what that evicts."""
+    fleet.b.step([("own", 6)])
+    fleet.b.settle()
+    fleet.encode_on_a([("img", 6)])
+    for _ in range(10):
+        fleet.fetcher.poll()
+        if fleet.fleet.ensure_available("r1", pulled_with, [WantedItem("img", 6)]):
+            break
+        fleet.clock.advance(0.1)
+    assert fleet.b.step([("img", 6)]).encoded == [], "the pulling request loads the copy"
+    fleet.b.settle()
+    before = {e.key for e in fleet.b.scheduler.entries()}
+    fleet.b.step([("new", 6)])
+    fleet.b.settle()
+    return sorted(before - {e.key for e in fleet.b.scheduler.entries()})
+
+
+def test_a_pulled_copy_gives_way_before_what_the_replica_encoded_itself():
+    fleet = Fleet(b_blocks=16)
+    assert _fill_b_then_save(fleet) == ["img"], "A still holds img: B's copy goes first"
+    assert fleet.a.scheduler.is_ready("img")
+
+
+def test_an_item_fetched_with_forwarded_params_is_not_a_copy():
+    fleet = Fleet(b_blocks=16)
+    params = {"img": {"metadata": {}, "peer_host": A_ADDR.host, "peer_port": A_ADDR.port, "size_bytes": 0}}
+    params["img"]["size_bytes"] = 6 * fleet.b.layout.block_size_bytes
+    # an E->PD consumer's fetch: read by its request like any entry, so the unread "own" goes
+    assert _fill_b_then_save(fleet, params) == ["own"]
+    assert fleet.stats.pulls_started == 0
+
+
 def test_a_local_hit_and_an_unknown_item_never_reach_the_network():
     fleet = Fleet()
     fleet.b.step([("mine", 3)])
