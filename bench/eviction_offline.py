@@ -24,96 +24,12 @@ the run floor, which can only lower it too.
 
 from __future__ import annotations
 
-import heapq
-from bisect import bisect_right
-from collections.abc import Container, Mapping
-
 from bench.cache_traces import Trace
-from ec_connector.domain.entries import Entry
+from ec_connector.benchmarks.replay import BeladyPolicy, RequestClock, request_positions
 
-_NEVER = 1 << 62  # the next request of an item that is never requested again
-
-
-class RequestClock:
-    """The driver's position: the index of the request being served (requests in trace order)."""
-
-    __slots__ = ("pos",)
-
-    def __init__(self) -> None:
-        self.pos = -1
-
-
-def request_positions(trace: Trace) -> dict[str, list[int]]:
-    """Each item's request indices, ascending, in the order bench/eviction.py's driver serves
-    them (steps in order, requests of a step in arrival order)."""
-    out: dict[str, list[int]] = {}
-    for pos, item in enumerate(trace.items()):
-        out.setdefault(item.key, []).append(pos)
-    return out
-
-
-class BeladyPolicy:
-    """Offline: the evictable entry requested again farthest in the future goes first (never
-    requested again: first of all). A max-heap by next request, lazily deleted; an entry's next
-    request is computed when it becomes evictable, and it cannot change while it stays so (a
-    request of it pins it first, which takes it out)."""
-
-    name = "belady"
-
-    def __init__(
-        self, evictable: Mapping[str, Entry], positions: Mapping[str, list[int]], clock: RequestClock
-    ) -> None:
-        self._evictable = evictable
-        self._positions = positions
-        self._clock = clock
-        self._heap: list[tuple[int, int, str]] = []  # (-next request, stamp, key)
-        self._stamps: dict[str, int] = {}
-        self._stamp = 0
-
-    def next_request(self, key: str) -> int:
-        uses = self._positions.get(key, ())
-        i = bisect_right(uses, self._clock.pos)
-        return uses[i] if i < len(uses) else _NEVER
-
-    def reserved(self, entry: Entry) -> None:
-        pass
-
-    def read(self, entry: Entry) -> None:
-        pass
-
-    def freed(self, entry: Entry) -> None:
-        self._stamps.pop(entry.key, None)
-
-    def listed(self, entry: Entry) -> None:
-        self._stamp += 1
-        self._stamps[entry.key] = self._stamp
-        heapq.heappush(self._heap, (-self.next_request(entry.key), self._stamp, entry.key))
-        if len(self._heap) > max(64, 2 * len(self._evictable)):
-            self._heap = [i for i in self._heap if self._stamps.get(i[2]) == i[1] and i[2] in self._evictable]
-            heapq.heapify(self._heap)
-
-    def victims(self, needed: int, protect: Container[str]) -> list[Entry]:
-        out: list[Entry] = []
-        skipped = []
-        while needed > 0:
-            item = heapq.heappop(self._heap)
-            entry = self._evictable.get(item[2])
-            if entry is None or self._stamps.get(item[2]) != item[1] or entry in out:
-                continue  # stale
-            if item[2] in protect:
-                skipped.append(item)
-                continue
-            out.append(entry)
-            needed -= entry.rows
-        for item in skipped:
-            heapq.heappush(self._heap, item)
-        return out
-
-    def queued(self) -> int:
-        return len(self._heap)
-
-    def rank(self, entry: Entry) -> tuple[int, int]:
-        return (-self.next_request(entry.key), entry.order)
+# The offline policy and the driver's clock live with the replay they serve (the serving bench uses
+# them too); they are re-exported here for the eviction bench and its tests.
+__all__ = ["BeladyPolicy", "RequestClock", "miss_ratio_bound", "request_positions"]
 
 
 def miss_ratio_bound(trace: Trace, num_blocks: int) -> dict[str, float]:
