@@ -7,8 +7,10 @@
   installed.
 - `p2p`: our ZMQ ack + NIXL READ flow between two processes against a plain copy (`common`,
   `p2p_report`).
-- `serving`: real vLLM engines side by side (`serving_engine`, `serving_epd`, `serving_hook`,
-  `serving_workload`, `serving_report`).
+- `serving`: real vLLM engines side by side (`serving_engine`, `serving_epd`, `serving_fleet`,
+  `serving_hook`, `serving_workload`, `serving_budget`, `serving_expected`, `serving_report`);
+  `replay` replays a trace through the entry table (hit ratios of a policy, offline Belady), for the
+  serving bench's expected hit ratios and the research eviction bench.
 
 `plots` draws the PNGs. Heavy libraries (vllm, matplotlib, nixl) are imported inside the functions
 that need them, so importing a module here needs only the package's own dependencies. The
