@@ -60,9 +60,9 @@ def test_the_serving_bench_copies_its_hook_and_finds_the_package_from_its_engine
 ) -> None:
     """The engine child runs `python -m ec_connector.benchmarks.serving_engine`: the hook folder comes
     first on its PYTHONPATH, then the folder holding this package (here, a source checkout)."""
-    from ec_connector.benchmarks import serving, serving_hook
+    from ec_connector.benchmarks import serving_children, serving_hook
 
-    env = serving.child_env(tmp_path)
+    env = serving_children.child_env(tmp_path)
     path = env["PYTHONPATH"].split(":")
     assert path[0] == str(tmp_path) and env[serving_hook.HOOK_DIR_ENV] == str(tmp_path)
     assert str(Path(ec_connector.benchmarks.__file__).resolve().parents[2]) in path

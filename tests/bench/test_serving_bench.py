@@ -12,6 +12,7 @@ import json
 import os
 import subprocess
 import sys
+import uuid
 from pathlib import Path
 
 import pytest
@@ -177,3 +178,23 @@ def test_serving_bench_runs_end_to_end_on_vllm_cpu(vllm_python: Path, tmp_path: 
     )  # fmt: skip
     assert report.returncode == 0, report.stderr
     assert "repeat@100x80, eager" in report.stdout and "ours / none" in report.stdout
+
+
+def test_a_child_answers_only_for_the_region_files_of_its_own_engines(tmp_path: Path) -> None:
+    from ec_connector.benchmarks.serving_children import _engine_ids, _region_files
+
+    tag = uuid.uuid4().hex[:8]
+    spec = {
+        "engine": {"ec_transfer_config": {"engine_id": f"bench-{tag}-a"}},
+        "replicas": [{"connector": {"engine_id": f"bench-{tag}-b"}}, {"connector": None}],
+    }
+    assert _engine_ids(spec) == {f"bench-{tag}-a", f"bench-{tag}-b"}
+    mine = Path(f"/dev/shm/vllm_ec_bench-{tag}-a_dp0.mmap")
+    other = Path(f"/dev/shm/vllm_ec_other-{tag}_dp0.mmap")  # another engine on the host (or test)
+    try:
+        mine.touch()
+        other.touch()
+        assert _region_files(_engine_ids(spec)) == {mine}
+    finally:
+        mine.unlink(missing_ok=True)
+        other.unlink(missing_ok=True)

