@@ -250,7 +250,9 @@ class S3FifoPolicy:
                 if self._rows[_SMALL] >= self._small_target or not self._live[_MAIN]:
                     victim = self._small_victim(protect)
                 if victim is None:
-                    victim = self._from_main(protect) or self._from_small(protect)
+                    # the small queue's round can move read entries to the main queue without finding
+                    # a victim among the rest: the main queue is asked again, holding them now
+                    victim = self._from_main(protect) or self._from_small(protect) or self._from_main(protect)
             assert victim is not None, "victims() called with too few evictable blocks"
             victims.append(victim)
             needed -= victim.rows

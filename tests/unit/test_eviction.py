@@ -121,6 +121,21 @@ def test_s3fifo_the_main_queue_evicts_the_first_entry_not_read_since_it_last_wen
     assert _evicted(table, "y", 10) == ["d"]
 
 
+def test_s3fifo_finds_a_victim_read_in_the_small_queue_while_the_main_queue_is_held():
+    table = EntryTable(40, eviction=S3FIFO)
+    _ready(table, "a", 10)
+    _read(table, "a")
+    _ready(table, "b", 28)
+    _ready(table, "x", 1)
+    assert _evicted(table, "z", 2) == ["b"]  # "a" moves to the main queue on the way
+    table.mark_ready("z")
+    _read(table, "x")
+    _read(table, "z")
+    table.pin("a")  # the main queue holds only a held entry; the small queue (3 blocks) is under its share
+    # the small queue's round moves "x" and "z" to the main queue, where the victim is then found
+    assert _evicted(table, "y", table.blocks.free_blocks + 1) == ["x"]
+
+
 @pytest.mark.parametrize("policy", POLICIES)
 def test_queues_stay_proportional_to_the_evictable_entries(policy):
     table = EntryTable(64, eviction=policy)
@@ -144,12 +159,15 @@ KINDS = ["ready", "ready", "ready", "read", "pinned", "granted", "announced", "n
 @given(
     policy=st.sampled_from(POLICIES),
     specs=st.lists(st.tuples(st.integers(1, 6), st.sampled_from(KINDS)), min_size=1, max_size=24),
-    later=st.lists(st.tuples(st.integers(1, 30), st.frozensets(st.integers(0, 23), max_size=4)), max_size=8),
+    later=st.lists(
+        st.tuples(st.integers(1, 30), st.frozensets(st.integers(0, 23), max_size=4), st.integers(0, 3)),
+        max_size=8,
+    ),
 )
 def test_no_policy_evicts_a_held_entry_and_blocks_are_conserved(policy, specs, later):
     table = EntryTable(48, eviction=policy)
     held = seed(table, specs)
-    for n, (rows, protect_ids) in enumerate(later):
+    for n, (rows, protect_ids, reads) in enumerate(later):
         protect = {f"k{i}" for i in protect_ids}
         keys_before = {e.key for e in table.entries()}
         free = table.blocks.free_blocks
@@ -166,6 +184,8 @@ def test_no_policy_evicts_a_held_entry_and_blocks_are_conserved(policy, specs, l
         assert not victims & protect, "a protected entry was evicted"
         assert victims <= keys_before
         table.mark_ready(f"new{n}")
+        for _ in range(reads):  # reads move entries between s3fifo's queues
+            _read(table, f"new{n}")
         # blocks: every entry's extents and the free extents partition the region
         owned = [b for e in table.entries() for x in e.extents for b in range(x.start, x.start + x.length)]
         free_blocks = [b for x in table.blocks.free_extents() for b in range(x.start, x.start + x.length)]
