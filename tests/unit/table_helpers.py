@@ -1,0 +1,25 @@
+"""What the entry table's tests share: the leases they use, a table, a ready entry, the keys in order."""
+
+from __future__ import annotations
+
+from ec_connector.domain.cache import EntryTable
+
+LEASE = 30.0
+Q = 60.0
+
+
+def table_of(num_blocks: int = 10) -> EntryTable:
+    """An empty table of `num_blocks` blocks, no run floor nor cap."""
+    return EntryTable(num_blocks)
+
+
+def put_ready(table: EntryTable, key: str, rows: int, now: float = 0.0) -> None:
+    """Reserve `key` (it must fit) and mark it ready."""
+    res = table.reserve(key, rows, now=now, lease_s=LEASE)
+    assert res is not None
+    table.mark_ready(key)
+
+
+def keys_of(table: EntryTable) -> list[str]:
+    """The table's keys in reservation order."""
+    return [e.key for e in table.entries()]
