@@ -1,202 +1,24 @@
-"""Property tests: the allocator and the entry table against simple reference models.
+"""Property test of the entry table's lifecycle against a reference model.
 
-Allocator: blocks are never double-owned and never lost, free extents stay maximal, an allocation
-is one run whenever a free extent is large enough and otherwise the fewest runs possible.
-
-Table: random sequences of every table operation, with time advancing through `expire`, are run
-side by side with `Model`, a plain reference model of the lifecycle. Deadlines are drawn on
-disjoint grids (save leases end on .75, grants on .25, announcements on .5, quarantines on whole
-numbers) so the order in which `expire` settles them is unambiguous.
+Random sequences of every table operation, with time advancing through `expire`, are run side by
+side with `Model`, a plain reference model of the lifecycle. Deadlines are drawn on disjoint grids
+(save leases end on .75, grants on .25, announcements on .5, quarantines on whole numbers) so the
+order in which `expire` settles them is unambiguous.
 """
 
 from __future__ import annotations
 
 import math
-import os
 from dataclasses import dataclass, field
 
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from ec_connector.domain import cache
-from ec_connector.domain.blocks import Extent, ExtentAllocator
 from ec_connector.domain.cache import EntryTable
 from ec_connector.domain.entries import Phase
-from ec_connector.domain.errors import AllocatorCorruption, IllegalTransition, UnknownEntry
-
-# EC_FUZZ_EXAMPLES (the fuzz suite's long-run budget, docs/reliability.md) raises the budget here too.
-SETTINGS = settings(
-    max_examples=int(os.environ.get("EC_FUZZ_EXAMPLES") or 250),
-    deadline=None,
-    suppress_health_check=[HealthCheck.too_slow],
-)
-
-
-def _blocks(extents) -> list[int]:
-    return [b for e in extents for b in range(e.start, e.end)]
-
-
-def _assert_maximal(free: tuple[Extent, ...]) -> None:
-    for a, b in zip(free, free[1:], strict=False):
-        assert a.end < b.start, f"free extents {a} and {b} touch or overlap"
-
-
-# --- allocator ---------------------------------------------------------------------------------
-
-alloc_ops = st.lists(
-    st.one_of(
-        st.tuples(st.just("allocate"), st.integers(1, 40)),
-        st.tuples(st.just("release"), st.integers(0, 1000)),
-    ),
-    max_size=60,
-)
-
-
-@SETTINGS
-@given(num_blocks=st.integers(1, 64), ops=alloc_ops)
-def test_allocator_never_double_owns_or_loses_a_block(num_blocks, ops):
-    alloc = ExtentAllocator(num_blocks)
-    owned: list[tuple[Extent, ...]] = []
-    for op, arg in ops:
-        free_before = alloc.free_extents()
-        if op == "allocate":
-            got = alloc.allocate(arg)
-            if arg > sum(e.length for e in free_before):
-                assert got is None
-                assert alloc.free_extents() == free_before
-                continue
-            assert got is not None
-            assert sum(e.length for e in got) == arg
-            assert list(got) == sorted(got)
-            # every block handed out was free
-            assert set(_blocks(got)) <= set(_blocks(free_before))
-            sizes = sorted((e.length for e in free_before), reverse=True)
-            fits = [e for e in free_before if e.length >= arg]
-            if fits:
-                # one run, taken from a smallest free extent that is large enough (best fit)
-                assert len(got) == 1
-                best = min(e.length for e in fits)
-                host = [e for e in fits if e.start <= got[0].start and got[0].end <= e.end]
-                assert len(host) == 1 and host[0].length == best
-            else:
-                # the fewest runs the free space allows
-                fewest = next(k for k in range(1, len(sizes) + 1) if sum(sizes[:k]) >= arg)
-                assert len(got) == fewest
-            owned.append(got)
-        elif owned:
-            alloc.release(owned.pop(arg % len(owned)))
-        owned_blocks = [b for ext in owned for b in _blocks(ext)]
-        free_blocks = _blocks(alloc.free_extents())
-        assert len(owned_blocks) == len(set(owned_blocks)), "a block is owned twice"
-        assert sorted(owned_blocks + free_blocks) == list(range(num_blocks)), "a block was lost"
-        assert alloc.free_blocks == len(free_blocks) == num_blocks - alloc.used_blocks
-        _assert_maximal(alloc.free_extents())
-
-
-@st.composite
-def _filled(draw, max_blocks: int = 64, max_size: int = 16, min_entries: int = 0, max_entries: int = 20):
-    """An allocator of 1-`max_blocks` blocks and the allocations of a drawn list of sizes that fit."""
-    alloc = ExtentAllocator(draw(st.integers(1, max_blocks)))
-    sizes = draw(st.lists(st.integers(1, max_size), min_size=min_entries, max_size=max_entries))
-    return alloc, [got for n in sizes if (got := alloc.allocate(n)) is not None]
-
-
-def _free_out_of_order(alloc: ExtentAllocator, owned: list, data: st.DataObject) -> None:
-    """Release some of `owned` in a drawn order, as out-of-order frees leave slivers."""
-    for i in data.draw(st.lists(st.integers(0, 1000), max_size=len(owned))):
-        if owned:
-            alloc.release(owned.pop(i % len(owned)))
-
-
-@SETTINGS
-@given(filled=_filled(max_blocks=96, max_size=12, max_entries=24), data=st.data())
-def test_a_run_floor_takes_pieces_only_from_long_free_extents_or_refuses(filled, data):
-    alloc, owned = filled
-    _free_out_of_order(alloc, owned, data)
-    free_before = alloc.free_extents()
-    if not free_before:
-        return
-    # sizes just past the sum of the k largest free extents: splits into k + 1 pieces
-    lengths = sorted((e.length for e in free_before), reverse=True)
-    past_sums = [sum(lengths[:k]) + 1 for k in range(1, len(lengths) + 1)]
-    want = data.draw(st.one_of(st.integers(1, alloc.free_blocks + 1), st.sampled_from(past_sums)))
-    # floors at and just above the free lengths: where an off-by-one would take a short piece
-    min_run = data.draw(st.sampled_from(sorted({e.length + d for e in free_before for d in (0, 1)})))
-    got = alloc.allocate(want, min_run=min_run)
-    long_total = sum(e.length for e in free_before if e.length >= min_run)
-    short_max = max((e.length for e in free_before if e.length < min_run), default=0)
-    fits = long_total >= want or short_max >= want - long_total
-    if not fits:
-        assert got is None
-        assert alloc.free_extents() == free_before
-        return
-    assert got is not None and sum(e.length for e in got) == want
-    hosts = [next(f for f in free_before if f.start <= e.start and e.end <= f.end) for e in got]
-    assert sum(h.length < min_run for h in hosts) <= 1, "more than the remainder came from a short extent"
-    if any(f.length >= want for f in free_before):
-        assert len(got) == 1
-
-
-@SETTINGS
-@given(filled=_filled(max_blocks=96, max_size=12, max_entries=24), data=st.data())
-def test_a_floor_of_a_kth_of_the_entry_places_it_in_at_most_k_runs_or_refuses(filled, data):
-    # the table's run cap (`EntryTable.min_run_for`) rests on this
-    alloc, owned = filled
-    _free_out_of_order(alloc, owned, data)
-    if not alloc.free_blocks:
-        return
-    want = data.draw(st.integers(1, alloc.free_blocks))
-    k = data.draw(st.integers(1, 6))
-    free_before = alloc.free_extents()
-    got = alloc.allocate(want, min_run=-(-want // k))
-    if got is None:
-        assert alloc.free_extents() == free_before
-    else:
-        assert sum(e.length for e in got) == want and len(got) <= k
-
-
-@SETTINGS
-@given(filled=_filled(), data=st.data())
-def test_releasing_everything_restores_one_free_extent(filled, data):
-    alloc, owned = filled
-    order = data.draw(st.permutations(range(len(owned))))
-    for i in order:
-        alloc.release(owned[i])
-    assert alloc.free_extents() == (Extent(0, alloc.num_blocks),)
-
-
-@SETTINGS
-@given(filled=_filled(min_entries=1, max_entries=12), data=st.data())
-def test_double_free_or_out_of_range_release_raises_allocator_corruption(filled, data):
-    alloc, owned = filled
-    num_blocks = alloc.num_blocks
-    free = alloc.free_extents()
-    if free:
-        # any extent overlapping a free block is a double free
-        ext = data.draw(st.sampled_from(free))
-        start = data.draw(st.integers(max(0, ext.start - 3), ext.end - 1))
-        end = data.draw(st.integers(max(start + 1, ext.start + 1), min(num_blocks, ext.end + 3)))
-        bad = Extent(start, end - start)
-        try:
-            alloc.release((bad,))
-        except AllocatorCorruption:
-            pass
-        else:
-            raise AssertionError(f"released {bad} overlapping free {ext} without complaint")
-        assert alloc.free_extents() == free
-    start = data.draw(st.integers(0, num_blocks + 4))
-    length = data.draw(st.integers(max(1, num_blocks - start + 1), num_blocks + 8))
-    try:
-        alloc.release((Extent(start, length),))
-    except AllocatorCorruption:
-        pass
-    else:
-        raise AssertionError(f"released {Extent(start, length)} beyond {num_blocks} blocks")
-    assert alloc.free_extents() == free
-    for got in owned:
-        alloc.release(got)
-    assert alloc.free_extents() == (Extent(0, num_blocks),)
-
+from ec_connector.domain.errors import IllegalTransition, UnknownEntry
+from tests.unit.property_checks import SETTINGS, assert_maximal, blocks_of
 
 # --- entry table -------------------------------------------------------------------------------
 
@@ -445,12 +267,12 @@ def _check_agrees(table: EntryTable, model: Model) -> None:
         if m.phase == "quarantined":
             assert entry.quarantined_until == m.quarantined_until
     # entries' extents and the free extents partition [0, num_blocks) exactly
-    owned = [b for e in table.entries() for b in _blocks(e.extents)]
-    free = _blocks(table.blocks.free_extents())
+    owned = [b for e in table.entries() for b in blocks_of(e.extents)]
+    free = blocks_of(table.blocks.free_extents())
     assert len(owned) == len(set(owned)), "two entries share a block"
     assert sorted(owned + free) == list(range(NUM_BLOCKS)), "blocks lost or invented"
     assert table.blocks.free_blocks == model.free
-    _assert_maximal(table.blocks.free_extents())
+    assert_maximal(table.blocks.free_extents())
 
 
 def _run(table: EntryTable, model: Model, op: tuple, now: float, q: float) -> float:
@@ -572,90 +394,3 @@ def _follow_the_reference_lifecycle(n_ops: int, q: int, data: st.DataObject) -> 
         assert entry.phase is Phase.READY
         assert entry.grants == {}
         assert not entry.is_announced(now)
-
-
-entry_kinds = st.sampled_from(
-    ["ready", "ready", "ready", "pinned", "granted", "announced", "not_ready", "quarantined"]
-)
-
-
-@SETTINGS
-@given(
-    specs=st.lists(st.tuples(st.integers(1, 4), entry_kinds), min_size=1, max_size=16),
-    rows=st.integers(1, 40),
-)
-def test_eviction_takes_the_oldest_evictable_entries_and_no_more(specs, rows):
-    table = EntryTable(40)
-    evictable: list[tuple[str, int]] = []
-    for i, (size, kind) in enumerate(specs):
-        key = f"k{i}"
-        if size > table.blocks.free_blocks:
-            break  # setting up must not evict
-        table.reserve(key, size, now=0.0, lease_s=100.0)
-        if kind == "quarantined":
-            table.quarantine(key, now=0.0, quarantine_s=100.0)
-        elif kind != "not_ready":
-            table.mark_ready(key)
-        if kind == "pinned":
-            table.pin(key)
-        elif kind == "granted":
-            table.grant(key, i, now=0.0, lease_s=100.0)
-        elif kind == "announced":
-            table.announce(key, now=0.0, lease_s=100.0)
-        elif kind == "ready":
-            evictable.append((key, size))
-    keys_before = [e.key for e in table.entries()]
-    free = table.blocks.free_blocks
-    res = table.reserve("new", rows, now=1.0, lease_s=100.0)
-    if rows > free + sum(size for _, size in evictable):
-        assert res is None
-        assert [e.key for e in table.entries()] == keys_before
-        assert table.blocks.free_blocks == free
-        return
-    expected: list[str] = []
-    for key, size in evictable:
-        if rows <= free:
-            break
-        expected.append(key)
-        free += size
-    assert res is not None
-    assert [e.key for e in res.evicted] == expected
-    assert [e.key for e in table.entries()] == [k for k in keys_before if k not in expected] + ["new"]
-
-
-@SETTINGS
-@given(
-    sizes=st.lists(st.integers(1, 4), min_size=2, max_size=10),
-    reads=st.lists(st.tuples(st.integers(0, 9), st.sampled_from(["load", "peer"])), max_size=12),
-    rows=st.integers(1, 40),
-)
-def test_an_entry_read_is_evicted_after_every_entry_not_read_since(sizes, reads, rows):
-    """The eviction queue: reservation order, an entry moved to the back when a load (pin) or a
-    peer's READ (grant) of it ends."""
-    table = EntryTable(40)
-    queue = [f"k{i}" for i in range(len(sizes))]
-    for key, size in zip(queue, sizes, strict=True):
-        table.reserve(key, size, now=0.0, lease_s=100.0)
-        table.mark_ready(key)
-    for n, (i, how) in enumerate(reads):
-        key = f"k{i % len(sizes)}"
-        if how == "load":
-            table.pin(key)
-            table.unpin(key)
-        else:
-            table.grant(key, n, now=0.0, lease_s=100.0)
-            assert table.release_grant(key, n)
-        queue.remove(key)
-        queue.append(key)
-    free = table.blocks.free_blocks
-    res = table.reserve("new", rows, now=1.0, lease_s=100.0)
-    if rows > free + sum(sizes):
-        assert res is None
-        return
-    expected: list[str] = []
-    for key in queue:
-        if rows <= free:
-            break
-        expected.append(key)
-        free += sizes[int(key[1:])]
-    assert res is not None and [e.key for e in res.evicted] == expected

@@ -1,0 +1,96 @@
+"""Property tests of the entry table's eviction: the oldest evictable entries and no more, and an
+entry read goes behind every entry not read since."""
+
+from __future__ import annotations
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from ec_connector.domain.cache import EntryTable
+from tests.unit.property_checks import SETTINGS
+
+entry_kinds = st.sampled_from(
+    ["ready", "ready", "ready", "pinned", "granted", "announced", "not_ready", "quarantined"]
+)
+
+
+@SETTINGS
+@given(
+    specs=st.lists(st.tuples(st.integers(1, 4), entry_kinds), min_size=1, max_size=16),
+    rows=st.integers(1, 40),
+)
+def test_eviction_takes_the_oldest_evictable_entries_and_no_more(specs, rows):
+    table = EntryTable(40)
+    evictable: list[tuple[str, int]] = []
+    for i, (size, kind) in enumerate(specs):
+        key = f"k{i}"
+        if size > table.blocks.free_blocks:
+            break  # setting up must not evict
+        table.reserve(key, size, now=0.0, lease_s=100.0)
+        if kind == "quarantined":
+            table.quarantine(key, now=0.0, quarantine_s=100.0)
+        elif kind != "not_ready":
+            table.mark_ready(key)
+        if kind == "pinned":
+            table.pin(key)
+        elif kind == "granted":
+            table.grant(key, i, now=0.0, lease_s=100.0)
+        elif kind == "announced":
+            table.announce(key, now=0.0, lease_s=100.0)
+        elif kind == "ready":
+            evictable.append((key, size))
+    keys_before = [e.key for e in table.entries()]
+    free = table.blocks.free_blocks
+    res = table.reserve("new", rows, now=1.0, lease_s=100.0)
+    if rows > free + sum(size for _, size in evictable):
+        assert res is None
+        assert [e.key for e in table.entries()] == keys_before
+        assert table.blocks.free_blocks == free
+        return
+    expected: list[str] = []
+    for key, size in evictable:
+        if rows <= free:
+            break
+        expected.append(key)
+        free += size
+    assert res is not None
+    assert [e.key for e in res.evicted] == expected
+    assert [e.key for e in table.entries()] == [k for k in keys_before if k not in expected] + ["new"]
+
+
+@SETTINGS
+@given(
+    sizes=st.lists(st.integers(1, 4), min_size=2, max_size=10),
+    reads=st.lists(st.tuples(st.integers(0, 9), st.sampled_from(["load", "peer"])), max_size=12),
+    rows=st.integers(1, 40),
+)
+def test_an_entry_read_is_evicted_after_every_entry_not_read_since(sizes, reads, rows):
+    """The eviction queue: reservation order, an entry moved to the back when a load (pin) or a
+    peer's READ (grant) of it ends."""
+    table = EntryTable(40)
+    queue = [f"k{i}" for i in range(len(sizes))]
+    for key, size in zip(queue, sizes, strict=True):
+        table.reserve(key, size, now=0.0, lease_s=100.0)
+        table.mark_ready(key)
+    for n, (i, how) in enumerate(reads):
+        key = f"k{i % len(sizes)}"
+        if how == "load":
+            table.pin(key)
+            table.unpin(key)
+        else:
+            table.grant(key, n, now=0.0, lease_s=100.0)
+            assert table.release_grant(key, n)
+        queue.remove(key)
+        queue.append(key)
+    free = table.blocks.free_blocks
+    res = table.reserve("new", rows, now=1.0, lease_s=100.0)
+    if rows > free + sum(sizes):
+        assert res is None
+        return
+    expected: list[str] = []
+    for key in queue:
+        if rows <= free:
+            break
+        expected.append(key)
+        free += sizes[int(key[1:])]
+    assert res is not None and [e.key for e in res.evicted] == expected
