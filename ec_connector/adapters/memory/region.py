@@ -1,7 +1,7 @@
 """A region in process memory: a bytearray data area and a list of posted completions.
 
 Its completion list has no capacity: a post always records every ticket (the /dev/shm region's
-rings can fill; `tests/contract/test_shm_region.py` covers that).
+rings can fill; `tests/contract/test_shm_region_data.py` covers that).
 """
 
 from __future__ import annotations
