@@ -27,6 +27,7 @@ import json
 import os
 import secrets
 import time
+from collections.abc import Sequence
 from typing import Any
 
 from ec_connector.benchmarks.serving_engine import (
@@ -52,6 +53,7 @@ FLEET_ARMS = ("upstream", "local", "fleet", "single")
 SETTLE_S = 2.0
 PASS_SETTLE_S = 1.0
 COUNTER_PREFIXES = ("fleet_", "peer_")
+FETCH_SAMPLES = "peer_fetch_seconds"  # the connector's stats key of its pulls' durations
 
 
 # The tiny model's items are 4-16 rows: a real encoder's ~10 us a row beats any pull, so the
@@ -136,9 +138,10 @@ def replica_wiring(
     return out
 
 
-def counter_logger(totals: dict[str, int]) -> type:
+def counter_logger(totals: dict[str, int], fetches: list[float] | None = None) -> type:
     """A vLLM stat logger class that adds the connector's fleet_* and peer_* counter increments
-    (ours reports increments since its last report) into `totals`."""
+    (ours reports increments since its last report) into `totals`, and appends its pull durations
+    (`peer_fetch_seconds`: XferReq sent to the item ready in the tier) to `fetches`."""
     from vllm.v1.metrics.loggers import StatLoggerBase
 
     class ConnectorCounters(StatLoggerBase):
@@ -154,6 +157,8 @@ def counter_logger(totals: dict[str, int]) -> type:
             for key, value in (data or {}).items():
                 if key.startswith(COUNTER_PREFIXES) and isinstance(value, int):
                     totals[key] = totals.get(key, 0) + value
+            if fetches is not None and data:
+                fetches.extend(data.get(FETCH_SAMPLES) or ())
 
         def log_engine_initialized(self) -> None:
             pass
@@ -171,23 +176,38 @@ def pass_figures(
     items: int,
     per_replica: list[int],
     counters: dict[str, int],
+    fetches: Sequence[float] = (),
 ) -> dict[str, Any]:
-    """`summarize`'s figures over every replica, with each replica's encoder items and the
-    connector counters the pass moved (summed over replicas)."""
+    """`summarize`'s figures over every replica, with each replica's encoder items, the connector
+    counters the pass moved (summed over replicas) and, where pulls ended, their p50/p99 in ms."""
     figures = summarize(rows, wall, items, sum(per_replica))
     figures["replica_encoder_items"] = per_replica
     if any(k.startswith("fleet_") for k in counters):
         figures["fleet_pulls"] = counters.get("fleet_pulls_done", 0)
+    if fetches:
+        ordered = sorted(fetches)
+        figures["pull_p50_ms"] = round(ordered[len(ordered) // 2] * 1e3, 3)
+        figures["pull_p99_ms"] = round(ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))] * 1e3, 3)
     figures["counters"] = counters
     return figures
 
 
-def add_pass(total: dict[str, Any], rows: list, wall: float, items: int, per: list[int], ctr: dict) -> None:
-    """Accumulate one measured pass into `total` (rows, wall, items, per-replica items, counters)."""
+def add_pass(
+    total: dict[str, Any],
+    rows: list,
+    wall: float,
+    items: int,
+    per: list[int],
+    ctr: dict,
+    fetches: list[float],
+) -> None:
+    """Accumulate one measured pass into `total` (rows, wall, items, per-replica items, counters,
+    pull durations)."""
     total["rows"] += rows
     total["wall"] += wall
     total["items"] += items
     total["per"] = [a + b for a, b in zip(total["per"], per, strict=True)]
+    total["fetches"] += fetches
     for k, v in ctr.items():
         total["counters"][k] = total["counters"].get(k, 0) + v
 
@@ -199,13 +219,14 @@ async def serve(spec: dict, out: Results, hook_dir: str) -> None:
     ports = [(free_port(), free_port()) for _ in spec["replicas"]]
     wiring = replica_wiring(spec["replicas"], spec.get("fleet"), ports, secrets.token_hex(16))
     totals: list[dict[str, int]] = [{} for _ in spec["replicas"]]
+    fetches: list[float] = []  # every replica's pull durations, in the order their stats arrive
     names = [rep["name"] for rep in spec["replicas"]]
     started = time.perf_counter()
     engines: list[Any] = []
     try:
         for name, (config, env), tot in zip(names, wiring, totals, strict=True):
             kwargs = {**spec["engine"], "ec_transfer_config": config}
-            engines.append(start(kwargs, name, env, stat_loggers=[counter_logger(tot)]))
+            engines.append(start(kwargs, name, env, stat_loggers=[counter_logger(tot, fetches)]))
         start_s = time.perf_counter() - started
         runner = "v2" if getattr(engines[0].vllm_config, "use_v2_model_runner", False) else "v1"
         out.write(
@@ -214,7 +235,8 @@ async def serve(spec: dict, out: Results, hook_dir: str) -> None:
         say(f"{arm}: {len(engines)} replica(s) up in {start_s:.1f} s (vLLM {vllm.__version__}, {runner})")
         await asyncio.sleep(SETTLE_S)
         for wd in spec["workloads"]:
-            await serve_workload(spec, out, hook_dir, engines, names, totals, Workload.from_dict(wd))
+            wl = Workload.from_dict(wd)
+            await serve_workload(spec, out, hook_dir, engines, names, (totals, fetches), wl)
     finally:
         for engine in engines:
             engine.shutdown()
@@ -226,27 +248,35 @@ async def serve_workload(
     hook_dir: str,
     engines: list[Any],
     names: list[str],
-    totals: list[dict[str, int]],
+    stats: tuple[list[dict[str, int]], list[float]],
     wl: Workload,
 ) -> None:
+    totals, fetches = stats
     passes: list[dict[str, Any]] = []
-    total: dict[str, Any] = {"rows": [], "wall": 0.0, "items": 0, "per": [0] * len(names), "counters": {}}
+    total: dict[str, Any] = {
+        "rows": [], "wall": 0.0, "items": 0, "per": [0] * len(names), "counters": {}, "fetches": []
+    }  # fmt: skip
     for p in wl.passes:
         before = [encoder_items(hook_dir, n) for n in names]
         ctr_before = sum_counters(totals)
+        fetched_before = len(fetches)
         rows, wall = await run_pass(engines, spec, wl, p.label, p.seeds, f"{spec['tag']}-{wl.key}")
         await asyncio.sleep(PASS_SETTLE_S)  # the last steps' stats and the feed's events arrive
         per = [encoder_items(hook_dir, n) - b for n, b in zip(names, before, strict=True)]
         ctr = counter_delta(ctr_before, sum_counters(totals))
-        figures = pass_figures(rows, wall, len(p.seeds), per, ctr)
+        pulls = fetches[fetched_before:]
+        figures = pass_figures(rows, wall, len(p.seeds), per, ctr, pulls)
         passes.append({"label": p.label, "measured": p.measured, **figures})
         say(
             f"{spec['arm']} {wl.key} {p.label}: {len(rows)} req in {wall:.2f} s, encoder items {per}, "
-            f"fleet pulls {figures.get('fleet_pulls', '-')}, TTFT p50 {figures['ttft_p50_ms'] or 0:.0f} ms"
+            f"fleet pulls {figures.get('fleet_pulls', '-')} (p50 {figures.get('pull_p50_ms', '-')} ms), "
+            f"TTFT p50 {figures['ttft_p50_ms'] or 0:.0f} ms"
         )
         if p.measured:
-            add_pass(total, rows, wall, len(p.seeds), per, ctr)
-    measured = pass_figures(total["rows"], total["wall"], total["items"], total["per"], total["counters"])
+            add_pass(total, rows, wall, len(p.seeds), per, ctr, pulls)
+    measured = pass_figures(
+        total["rows"], total["wall"], total["items"], total["per"], total["counters"], total["fetches"]
+    )
     write_workload(out, wl, measured, passes)
 
 

@@ -22,6 +22,7 @@ from ec_connector.benchmarks.serving_fleet import (
     cross_replica_repeats,
     fleet_extra,
     fleet_spec,
+    pass_figures,
     replica_wiring,
 )
 from ec_connector.benchmarks.serving_workload import build, fleet_workloads
@@ -155,6 +156,14 @@ def test_report_gives_the_fleet_ratios(capsys: pytest.CaptureFixture[str]) -> No
     assert "encoder items per replica: local round 0: [1, 2]" in out
 
 
+def test_a_pass_gives_its_pulls_median_and_p99_in_ms_and_none_without_pulls() -> None:
+    rows = [(0.1, 0.2, 8)] * 4
+    figures = pass_figures(rows, 1.0, 4, [1, 0], {"fleet_pulls_done": 3}, [0.004, 0.002, 0.003])
+    assert figures["fleet_pulls"] == 3
+    assert figures["pull_p50_ms"] == 3.0 and figures["pull_p99_ms"] == 4.0
+    assert "pull_p50_ms" not in pass_figures(rows, 1.0, 4, [1, 0], {}, [])
+
+
 @pytest.mark.vllm
 @pytest.mark.slow
 @pytest.mark.timeout(900)
@@ -203,6 +212,8 @@ def test_fleet_bench_runs_end_to_end_on_vllm_cpu(vllm_python: Path, tmp_path: Pa
     fleet_repeat = wl["fleet"]["fleet-repeat"]["measured"]
     assert fleet_repeat["encoder_items"] < local_at_least, fleet_repeat
     assert fleet_repeat["fleet_pulls"] >= local_at_least - fleet_repeat["encoder_items"]
+    # each pull's time, XferReq to ready, from the connector's stats
+    assert 0 < fleet_repeat["pull_p50_ms"] <= fleet_repeat["pull_p99_ms"]
     report = subprocess.run(
         [str(vllm_python), str(REPO / "bench" / "serving.py"), "report", str(path)],
         env=env, capture_output=True, text=True, timeout=120,
