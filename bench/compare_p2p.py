@@ -40,7 +40,6 @@ block). Goal (issue #8): ours <= 0.8x vLLM's time per 9 MiB item; ack bytes O(en
 from __future__ import annotations
 
 import argparse
-import json
 import multiprocessing as mp
 import os
 import platform
@@ -60,6 +59,7 @@ from bench.compare_p2p_ours import ours_consumer, ours_producer  # noqa: E402
 from bench.compare_p2p_report import plot, render  # noqa: E402
 from bench.compare_p2p_vllm import vllm_consumer, vllm_producer  # noqa: E402
 from bench.vllm_baseline import BaselineUnavailable, version, vllm_root  # noqa: E402
+from ec_connector.benchmarks.output import write_json  # noqa: E402
 
 Progress = Callable[[str], None] | None
 
@@ -292,8 +292,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     print(render(res), flush=True)
     if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(res, indent=2) + "\n")
+        write_json(args.json, res)
     if args.plot and not res.get("skipped"):
         plot(res, args.plot)
     return 0

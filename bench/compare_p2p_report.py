@@ -9,13 +9,11 @@ from __future__ import annotations
 from pathlib import Path
 
 from bench.compare_p2p_items import MiB
+from ec_connector.benchmarks.output import goal_lines, pyplot
 
 
 def plot(res: dict, path: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     sizes = res["params"]["sizes_mib"]
     fig, axes = plt.subplots(1, 3, figsize=(14, 4.5))
@@ -84,7 +82,5 @@ def render(res: dict) -> str:
         f"ack bytes at a 2 GiB region: ours {res['ours']['ack_bytes_2gib_region']:.0f}, "
         f"vllm {res['vllm']['ack_bytes_2gib_region']}"
     )
-    for name, goal in res["goals"].items():
-        verdict = "met" if goal["met"] else "NOT met"
-        lines.append(f"goal {name}: {goal['target']}: {goal['value']} -> {verdict}")
+    lines += goal_lines(res["goals"])
     return "\n".join(lines)

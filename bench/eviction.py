@@ -25,7 +25,6 @@ working set, never above fifo's by more than 1 point.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -38,6 +37,7 @@ from bench.cache_traces import SOURCES, Trace, make_trace  # noqa: E402
 from bench.eviction_candidates import ClockPolicy, LfuPolicy, TinyLfuS3FifoPolicy  # noqa: E402
 from bench.eviction_offline import miss_ratio_bound  # noqa: E402
 from bench.vllm_baseline import BaselineUnavailable, load  # noqa: E402
+from ec_connector.benchmarks.output import pyplot, write_json  # noqa: E402
 from ec_connector.benchmarks.replay import (  # noqa: E402
     BeladyPolicy,
     RequestClock,
@@ -192,10 +192,7 @@ def _cell(c: dict) -> str:
 
 
 def plot(res: dict, path: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     traces = list(res["traces"])
     cols = 3
@@ -252,8 +249,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     print(render(res), flush=True)
     if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(res, indent=2) + "\n")
+        write_json(args.json, res)
     if args.plot:
         plot(res, args.plot)
     return 0

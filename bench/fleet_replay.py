@@ -49,7 +49,6 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import json
 import random
 import sys
 import time
@@ -63,6 +62,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.cache_sides import ABSENT, READY, OursSide  # noqa: E402
 from bench.cache_traces import ROW_BYTES, SOURCES, Item, Step, Trace, make_trace  # noqa: E402
 from ec_connector.application.fleet import PullRule  # noqa: E402
+from ec_connector.benchmarks.output import write_json  # noqa: E402
 from ec_connector.domain.entries import Entry  # noqa: E402
 from ec_connector.domain.eviction import _COPIES, _SMALL, S3FifoPolicy  # noqa: E402
 
@@ -384,8 +384,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     print(render(res, arms), flush=True)
     if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(res, indent=2) + "\n")
+        write_json(args.json, res)
     return 0
 
 

@@ -42,7 +42,6 @@ from __future__ import annotations
 
 import argparse
 import gc
-import json
 import os
 import platform
 import statistics
@@ -56,6 +55,7 @@ from typing import Any
 
 from ec_connector.benchmarks.cache_sides import ABSENT, READY, BaselineSide, OursSide
 from ec_connector.benchmarks.cache_traces import IMAGE_MIX, ROW_BYTES, SOURCES, Item, Trace, make_trace
+from ec_connector.benchmarks.output import goal_lines, pyplot, write_json
 from ec_connector.benchmarks.vllm_baseline import BaselineUnavailable, load, version
 from ec_connector.domain.config import MAX_ENTRY_RUNS
 from ec_connector.domain.eviction import DEFAULT_POLICY, FIFO, POLICIES
@@ -427,17 +427,12 @@ def render(res: dict) -> str:
         )
     if res.get("vllm_skipped"):
         lines.append(f"vllm (fifo): skipped: {res['vllm_skipped']}")
-    for name, goal in res["goals"].items():
-        verdict = "met" if goal["met"] else "NOT met"
-        lines.append(f"goal {name}: {goal['target']}: {goal['value']} -> {verdict}")
+    lines += goal_lines(res["goals"])
     return "\n".join(lines)
 
 
 def plot(res: dict, path: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     cols = _columns(res)
     fig, axes = plt.subplots(2, 2, figsize=(11, 8))
@@ -544,8 +539,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     print(render(res), flush=True)
     if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(res, indent=2) + "\n")
+        write_json(args.json, res)
     if args.plot:
         plot(res, args.plot)
     return 0

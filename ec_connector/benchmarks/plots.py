@@ -10,22 +10,14 @@ from pathlib import Path
 from statistics import median
 from typing import Any
 
-
-def _pyplot() -> Any:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
-
+from ec_connector.benchmarks.output import pyplot
 
 ENTRY_ORDER = ("64rows", "1MiB", "8MiB", "16MiB")
 
 
 def copy(result: dict[str, Any], path: Path) -> None:
     """Save and load GB/s per entry size (median over row widths), beside the same-run memcpy."""
-    plt = _pyplot()
+    plt = pyplot()
     rows = result["rows"]
     entries = [e for e in ENTRY_ORDER if any(r["entry"] == e for r in rows)]
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.2), sharey=True)
@@ -64,7 +56,7 @@ def copy(result: dict[str, Any], path: Path) -> None:
 
 def p2p(result: dict[str, Any], path: Path) -> None:
     """NIXL READ GiB/s against entry size per UCX error mode, beside a plain copy of the same bytes."""
-    plt = _pyplot()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(7, 4.2))
     copies: dict[int, list[float]] = defaultdict(list)
     for mode in result["modes"]:

@@ -22,6 +22,8 @@ from pathlib import Path
 from statistics import median
 from typing import Any
 
+from ec_connector.benchmarks.output import pyplot
+
 FIGURES = (
     ("wall_s", "wall s", "{:.2f}"),
     ("req_s", "req/s", "{:.2f}"),
@@ -201,10 +203,7 @@ def print_ratios(arms: dict[str, dict[str, Cell]], arm: str, ref: str, figs: tup
 
 def plot(runs: list[dict[str, Any]], path: Path) -> None:
     """Req/s and TTFT p50 per workload and arm (bars: median of rounds; whiskers: min-max)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     table = collect(runs)
     keys = sorted(table)
