@@ -267,8 +267,6 @@ def _boot() -> str:
 def _feed_hello(events: EventSink, server: ControlServer, engine_id: str, dp_rank: int, boot: str) -> bool:
     """Hello frames on the event feed (when there is one) naming this engine's side channel: from
     the sink's own thread, so never on the step thread. True when started."""
-    if isinstance(events, LogEventSink):
-        return False
     from ec_connector.adapters.zmq_control.events import Hello, ZmqEventSink
 
     if not isinstance(events, ZmqEventSink):
