@@ -108,6 +108,18 @@ def test_each_start_names_its_nixl_agent_anew_and_the_desk_acks_with_the_transpo
         container.shutdown_resources()
 
 
+def _with_memory_peers(config, **kwargs):
+    """A memory-tier container for `config` whose NIXL transport and control client are the
+    in-memory adapters (the real ones need a NIXL agent and sockets)."""
+    container = build_container(
+        config, tier="memory", device="memory", hidden_dim=4, side_host="127.0.0.1", side_port=0, **kwargs
+    )
+    transport = MemoryPeerTransport(MemoryPeerWorld(), "agent", container.region())
+    container.peer_transport.override(providers.Object(transport))
+    container.control_client.override(providers.Object(MemoryControlClient(MemoryNetwork())))
+    return container
+
+
 @pytest.mark.parametrize(
     ("role", "nixl", "supply", "publisher"),
     [
@@ -120,12 +132,7 @@ def test_each_start_names_its_nixl_agent_anew_and_the_desk_acks_with_the_transpo
 def test_the_scheduler_side_gets_one_service_per_part_chosen_for_its_role(role, nixl, supply, publisher):
     """The entry point calls the same three objects in every mode: what differs is chosen here."""
     config = parse_settings({"ec_cpu_bytes": 4096, "ec_enable_nixl": nixl}, role=role)
-    container = build_container(
-        config, tier="memory", device="memory", hidden_dim=4, side_host="127.0.0.1", side_port=0
-    )
-    transport = MemoryPeerTransport(MemoryPeerWorld(), "agent", container.region())
-    container.peer_transport.override(providers.Object(transport))
-    container.control_client.override(providers.Object(MemoryControlClient(MemoryNetwork())))
+    container = _with_memory_peers(config)
     try:
         side = container.scheduler_side()
         assert (type(side.supply), type(side.publisher)) == (supply, publisher)
@@ -178,13 +185,7 @@ def _fleet_container(role: str, **extra: object):
         },
         role=role,
     )
-    container = build_container(
-        config, tier="memory", device="memory", hidden_dim=4, side_host="127.0.0.1", side_port=0, instance="a"
-    )
-    transport = MemoryPeerTransport(MemoryPeerWorld(), "agent", container.region())
-    container.peer_transport.override(providers.Object(transport))
-    container.control_client.override(providers.Object(MemoryControlClient(MemoryNetwork())))
-    return container
+    return _with_memory_peers(config, instance="a")
 
 
 @pytest.mark.parametrize("role", ["ec_both", "ec_consumer"])
@@ -248,12 +249,7 @@ def test_without_fleet_peers_nothing_subscribes_and_no_fleet_counters_are_report
     from ec_connector.application.roles import NoFleet
 
     config = parse_settings({"ec_cpu_bytes": 4096, "ec_enable_nixl": True}, role="ec_both")
-    container = build_container(
-        config, tier="memory", device="memory", hidden_dim=4, side_host="127.0.0.1", side_port=0
-    )
-    transport = MemoryPeerTransport(MemoryPeerWorld(), "agent", container.region())
-    container.peer_transport.override(providers.Object(transport))
-    container.control_client.override(providers.Object(MemoryControlClient(MemoryNetwork())))
+    container = _with_memory_peers(config)
     try:
         side = container.scheduler_side()
         assert type(side.supply) is ConsumerFetcher and type(side.fleet) is NoFleet
