@@ -51,6 +51,38 @@ def seed(table: EntryTable, specs: list[tuple[int, str]]) -> set[str]:
     return held
 
 
+def reserve_checked(table: EntryTable, key: str, rows: int, *, held: set[str], protect: set[str]) -> bool:
+    """Reserve `key` under `protect` and check the table's guarantees: a reservation that cannot fit
+    fails and changes nothing; one that fits evicts no held or protected entry and nothing it did
+    not hold; then `key` is marked ready and the blocks are checked (`check_blocks`). True when it fit."""
+    keys_before = {e.key for e in table.entries()}
+    free = table.blocks.free_blocks
+    evictable = sum(e.rows for e in table.entries() if e.is_evictable(1.0) and e.key not in protect)
+    res = table.reserve(key, rows, now=1.0, lease_s=LEASE, protect=protect)
+    if rows > free + evictable:
+        assert res is None, "a reservation that cannot fit must fail"
+        assert {e.key for e in table.entries()} == keys_before, "a failed reservation evicted"
+        assert table.blocks.free_blocks == free
+        return False
+    assert res is not None
+    victims = {e.key for e in res.evicted}
+    assert not victims & held, "a pinned/granted/announced/not-ready/quarantined entry was evicted"
+    assert not victims & protect, "a protected entry was evicted"
+    assert victims <= keys_before
+    table.mark_ready(key)
+    check_blocks(table)
+    return True
+
+
+def check_blocks(table: EntryTable) -> None:
+    """Every entry's extents and the free extents partition the region; the evictable count is right."""
+    owned = [b for e in table.entries() for x in e.extents for b in range(x.start, x.start + x.length)]
+    free_blocks = [b for x in table.blocks.free_extents() for b in range(x.start, x.start + x.length)]
+    assert len(owned) == len(set(owned)), "two entries share a block"
+    assert sorted(owned + free_blocks) == list(range(table.blocks.num_blocks)), "blocks lost or invented"
+    assert table.evictable_blocks(1.0) == sum(e.rows for e in table.entries() if e.is_evictable(1.0))
+
+
 def _evicted(table: EntryTable, key: str, rows: int) -> list[str]:
     res = table.reserve(key, rows, now=1.0, lease_s=LEASE)
     assert res is not None
@@ -169,29 +201,10 @@ def test_no_policy_evicts_a_held_entry_and_blocks_are_conserved(policy, specs, l
     held = seed(table, specs)
     for n, (rows, protect_ids, reads) in enumerate(later):
         protect = {f"k{i}" for i in protect_ids}
-        keys_before = {e.key for e in table.entries()}
-        free = table.blocks.free_blocks
-        evictable = sum(e.rows for e in table.entries() if e.is_evictable(1.0) and e.key not in protect)
-        res = table.reserve(f"new{n}", rows, now=1.0, lease_s=LEASE, protect=protect)
-        if rows > free + evictable:
-            assert res is None, "a reservation that cannot fit must fail"
-            assert {e.key for e in table.entries()} == keys_before, "a failed reservation evicted"
-            assert table.blocks.free_blocks == free
-            continue
-        assert res is not None
-        victims = {e.key for e in res.evicted}
-        assert not victims & held, "a pinned/granted/announced/not-ready/quarantined entry was evicted"
-        assert not victims & protect, "a protected entry was evicted"
-        assert victims <= keys_before
-        table.mark_ready(f"new{n}")
-        for _ in range(reads):  # reads move entries between s3fifo's queues
-            _read(table, f"new{n}")
-        # blocks: every entry's extents and the free extents partition the region
-        owned = [b for e in table.entries() for x in e.extents for b in range(x.start, x.start + x.length)]
-        free_blocks = [b for x in table.blocks.free_extents() for b in range(x.start, x.start + x.length)]
-        assert len(owned) == len(set(owned)), "two entries share a block"
-        assert sorted(owned + free_blocks) == list(range(48)), "blocks lost or invented"
-        assert table.evictable_blocks(1.0) == sum(e.rows for e in table.entries() if e.is_evictable(1.0))
+        if reserve_checked(table, f"new{n}", rows, held=held, protect=protect):
+            for _ in range(reads):  # reads move entries between s3fifo's queues
+                _read(table, f"new{n}")
+                check_blocks(table)
 
 
 # --- S3-FIFO against a reference model (ready entries, reads and reservations only) -------------

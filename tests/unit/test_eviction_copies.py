@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from ec_connector.domain.cache import EntryTable
 from ec_connector.domain.errors import IllegalTransition
 from ec_connector.domain.eviction import FIFO, POLICIES, S3FIFO
-from tests.unit.test_eviction import LEASE, SETTINGS, S3Model, _evicted, _read, _ready, seed
+from tests.unit.test_eviction import LEASE, SETTINGS, S3Model, _evicted, _read, _ready, reserve_checked, seed
 
 
 def _copy(table: EntryTable, key: str, rows: int, *, loaded: bool = True) -> None:
@@ -192,19 +192,5 @@ def test_copies_keep_the_tables_guarantees(policy, specs, copies, later):
             table.grant(key, 1000 + i, now=0.0, lease_s=LEASE)
             held.add(key)
     for n, (rows, protect_ids) in enumerate(later):
-        protect = {f"c{i}" for i in protect_ids}
-        keys_before = {e.key for e in table.entries()}
-        free = table.blocks.free_blocks
-        evictable = sum(e.rows for e in table.entries() if e.is_evictable(1.0) and e.key not in protect)
-        res = table.reserve(f"new{n}", rows, now=1.0, lease_s=LEASE, protect=protect)
-        if rows > free + evictable:
-            assert res is None and {e.key for e in table.entries()} == keys_before
-            continue
-        assert res is not None
-        victims = {e.key for e in res.evicted}
-        assert not victims & held and not victims & protect and victims <= keys_before
-        table.mark_ready(f"new{n}")
-        owned = [b for e in table.entries() for x in e.extents for b in range(x.start, x.start + x.length)]
-        free_blocks = [b for x in table.blocks.free_extents() for b in range(x.start, x.start + x.length)]
-        assert sorted(owned + free_blocks) == list(range(48)), "blocks lost, invented or shared"
+        reserve_checked(table, f"new{n}", rows, held=held, protect={f"c{i}" for i in protect_ids})
     assert table._policy.queued() <= 2 * len(table) + 64

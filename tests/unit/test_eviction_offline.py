@@ -21,7 +21,7 @@ from bench.eviction_offline import (
 )
 from ec_connector.domain.cache import EntryTable
 from ec_connector.domain.eviction import EvictionPolicy
-from tests.unit.test_eviction import seed
+from tests.unit.test_eviction import check_blocks, reserve_checked, seed
 
 LEASE = 100.0
 
@@ -103,21 +103,8 @@ def test_no_candidate_evicts_a_held_entry_and_blocks_are_conserved(name, specs, 
     table._policy = _candidate(name, table)
     held = seed(table, specs)
     for n, (rows, protect_ids, reads) in enumerate(later):
-        protect = {f"k{i}" for i in protect_ids}
-        free = table.blocks.free_blocks
-        evictable = sum(e.rows for e in table.entries() if e.is_evictable(1.0) and e.key not in protect)
-        keys_before = {e.key for e in table.entries()}
-        res = table.reserve(f"new{n}", rows, now=1.0, lease_s=LEASE, protect=protect)
-        if rows > free + evictable:
-            assert res is None and {e.key for e in table.entries()} == keys_before
-            continue
-        assert res is not None
-        victims = {e.key for e in res.evicted}
-        assert not victims & (held | protect), "a held or protected entry was evicted"
-        table.mark_ready(f"new{n}")
-        for _ in range(reads):  # reads move entries between the candidates' queues
-            table.pin(f"new{n}")
-            table.unpin(f"new{n}")
-        owned = [b for e in table.entries() for x in e.extents for b in range(x.start, x.start + x.length)]
-        free_blocks = [b for x in table.blocks.free_extents() for b in range(x.start, x.start + x.length)]
-        assert sorted(owned + free_blocks) == list(range(40)), "blocks lost or shared"
+        if reserve_checked(table, f"new{n}", rows, held=held, protect={f"k{i}" for i in protect_ids}):
+            for _ in range(reads):  # reads move entries between the candidates' queues
+                table.pin(f"new{n}")
+                table.unpin(f"new{n}")
+                check_blocks(table)
