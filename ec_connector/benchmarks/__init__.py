@@ -12,7 +12,8 @@
   `replay` replays a trace through the entry table (hit ratios of a policy, offline Belady), for the
   serving bench's expected hit ratios and the research eviction bench.
 
-`plots` draws the copy and P2P PNGs; `output` writes every benchmark's JSON, its goal lines and the headless pyplot the PNGs use. Heavy libraries (vllm, matplotlib, nixl) are imported inside the functions
-that need them, so importing a module here needs only the package's own dependencies. The
+`plots` draws the copy and P2P PNGs; `output` writes every benchmark's JSON, its goal lines and
+the headless pyplot the PNGs use. Heavy libraries (vllm, matplotlib, nixl) are imported inside the
+functions that need them, so importing a module here needs only the package's own dependencies. The
 research benches stay in the source checkout's bench/ folder.
 """
