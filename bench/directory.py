@@ -35,13 +35,14 @@ from ec_connector.adapters.memory import (  # noqa: E402
     RecordingEventSink,
 )
 from ec_connector.application.consumer import ConsumerFetcher, WantedItem  # noqa: E402
-from ec_connector.application.fleet import FleetFetcher, FleetStats, FleetUpdater, PullRule  # noqa: E402
+from ec_connector.application.fleet import FleetFetcher, FleetStats, FleetUpdater  # noqa: E402
 from ec_connector.application.scheduler import TierScheduler  # noqa: E402
 from ec_connector.application.stats import PeerStats  # noqa: E402
 from ec_connector.domain.config import ConnectorConfig, Role  # noqa: E402
 from ec_connector.domain.directory import DirectoryLimits, Peer, PeerDirectory  # noqa: E402
 from ec_connector.domain.layout import Layout  # noqa: E402
 from ec_connector.domain.publish import PeerAddress  # noqa: E402
+from ec_connector.domain.pull_rule import PullRule  # noqa: E402
 from ec_connector.domain.scope import entry_key, scope_of  # noqa: E402
 
 

@@ -61,10 +61,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.cache_sides import ABSENT, READY, OursSide  # noqa: E402
 from bench.cache_traces import ROW_BYTES, SOURCES, Item, Step, Trace, make_trace  # noqa: E402
-from ec_connector.application.fleet import PullRule  # noqa: E402
 from ec_connector.benchmarks.output import write_json  # noqa: E402
 from ec_connector.domain.entries import Entry  # noqa: E402
 from ec_connector.domain.eviction import _COPIES, _SMALL, S3FifoPolicy  # noqa: E402
+from ec_connector.domain.pull_rule import PullRule  # noqa: E402
 
 COPY_RULES = ("keep", "demote", "demote-noghost", "tail", "first", "first-strict", "drop")
 ARMS = ("single", "none", *COPY_RULES)

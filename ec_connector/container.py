@@ -51,7 +51,7 @@ from ec_connector.adapters.zmq_settings import (
 from ec_connector.adapters.zmq_settings import KEYS as ZMQ_KEYS
 from ec_connector.application import TierScheduler, TierWorker
 from ec_connector.application.consumer import ConsumerFetcher
-from ec_connector.application.fleet import FleetFetcher, FleetStats, FleetUpdater, PullRule
+from ec_connector.application.fleet import FleetFetcher, FleetStats, FleetUpdater
 from ec_connector.application.producer import ProducerDesk
 from ec_connector.application.roles import (
     Allocations,
@@ -78,6 +78,7 @@ from ec_connector.domain.config import KNOWN_KEYS as TIER_KEYS
 from ec_connector.domain.directory import DirectoryLimits, Peer, PeerDirectory
 from ec_connector.domain.layout import Layout
 from ec_connector.domain.publish import PeerAddress
+from ec_connector.domain.pull_rule import PullRule
 from ec_connector.ports.control import ControlClient, ControlServer
 from ec_connector.ports.copier import Copier
 from ec_connector.ports.peer import PeerTransport

@@ -14,9 +14,10 @@ import pytest
 
 from ec_connector.adapters.system import SystemClock
 from ec_connector.application.consumer import WantedItem
-from ec_connector.application.fleet import FleetFetcher, FleetStats, FleetUpdater, PullRule
+from ec_connector.application.fleet import FleetFetcher, FleetStats, FleetUpdater
 from ec_connector.domain.directory import Peer, PeerDirectory
 from ec_connector.domain.publish import PeerAddress
+from ec_connector.domain.pull_rule import PullRule
 from ec_connector.domain.transfers import CacheEvent, EventKind
 
 from .harness import CONSUMER_EXTRA, HAVE_NIXL, NO_NIXL, SLACK_S, ConsumerSide, ProducerProcess

@@ -18,13 +18,14 @@ from ec_connector.adapters.memory import (
     MemoryPeerWorld,
 )
 from ec_connector.application.consumer import ConsumerFetcher, WantedItem
-from ec_connector.application.fleet import FleetFetcher, FleetStats, FleetUpdater, PullRule
+from ec_connector.application.fleet import FleetFetcher, FleetStats, FleetUpdater
 from ec_connector.application.producer import ProducerDesk
 from ec_connector.application.stats import PeerStats
 from ec_connector.domain.config import Role
 from ec_connector.domain.directory import DirectoryLimits, Peer, PeerDirectory
 from ec_connector.domain.entries import Phase
 from ec_connector.domain.publish import PeerAddress
+from ec_connector.domain.pull_rule import PullRule
 from ec_connector.domain.scope import entry_key, scope_of
 from ec_connector.domain.transfers import CacheEvent, EventKind
 
