@@ -25,7 +25,7 @@ from vllm.distributed.ec_transfer.ec_connector.base import (
 
 from ec_connector.adapters.nixl_data.settings import require_nixl
 from ec_connector.application.consumer import WantedItem
-from ec_connector.application.roles import Allocations, Publisher, StatsService, Supply
+from ec_connector.application.roles import Allocations, Publisher, StatsService, StepPolls, Supply
 from ec_connector.application.scheduler import TierScheduler
 from ec_connector.application.scoping import RequestScopes
 from ec_connector.application.worker import TierWorker
@@ -56,7 +56,7 @@ class ECTierConnector(ECConnectorBase):
 
     vLLM makes one instance per role and calls each hook on its own role's instance: the
     scheduler's holds its scheduler side (`_scheduler`: the tier, `_supply`, `_publisher`,
-    `_scopes`, `_fleet`) and `_stats`, each worker's holds `_worker`. The scheduler side keys every
+    `_scopes`, `_fleet`, `_polls`) and `_stats`, each worker's holds `_worker`. The scheduler side keys every
     item by its entry key (`_scopes`: vLLM's identifier, scoped by the request's `cache_salt`); the
     worker side maps entry keys back to vLLM's identifiers. The hooks that vLLM
     calls on every instance (get_finished, clear_connector_metadata, has_pending_push_work,
@@ -68,6 +68,7 @@ class ECTierConnector(ECConnectorBase):
     _publisher: Publisher
     _scopes: RequestScopes
     _fleet: Allocations
+    _polls: StepPolls
     _stats: StatsService
     _worker: TierWorker  # each worker's instance only
 
@@ -81,12 +82,12 @@ class ECTierConnector(ECConnectorBase):
             require_nixl()
         self._on_scheduler = role == ECConnectorRole.SCHEDULER
         self._model_config = vllm_config.model_config
-        self._polled = False
         if self._on_scheduler:
             self._container = build_container(config, **vllm_settings.scheduler_settings(vllm_config, config))
             side = self._container.scheduler_side()
             self._scheduler, self._supply, self._publisher = side.tier, side.supply, side.publisher
             self._scopes, self._fleet = side.scopes, side.fleet
+            self._polls = StepPolls(side.supply)
             self._stats = self._container.stats()
         else:
             self._container = build_container(config, **vllm_settings.worker_settings(vllm_config, config))
@@ -129,14 +130,11 @@ class ECTierConnector(ECConnectorBase):
         return key is not None and self._scheduler.has_item(key)
 
     def ensure_cache_available(self, request: Request, num_computed_tokens: int) -> bool:
-        supply = self._supply
-        if not self._polled:
-            self._polled = True
-            supply.poll()
+        self._polls.step_started()
         keys = self._scopes.enter(request.cache_salt, [f.identifier for f in request.mm_features])
         # the items are listed only if the supply reads them (a LocalSupply never does)
         items = _Lazy(lambda: self._wanted(request, num_computed_tokens, keys))
-        return supply.ensure_available(request.request_id, request.ec_transfer_params, items)
+        return self._supply.ensure_available(request.request_id, request.ec_transfer_params, items)
 
     def _wanted(
         self, request: Request, num_computed_tokens: int, keys: Mapping[str, str]
@@ -173,8 +171,9 @@ class ECTierConnector(ECConnectorBase):
         self._fleet.note_local(key)
 
     def build_connector_meta(self, scheduler_output: SchedulerOutput) -> ECConnectorMetadata:
-        self._polled = False
-        return ECTierMetadata(plan=self._scheduler.take_plan())
+        plan = self._scheduler.take_plan()
+        self._polls.step_ended()
+        return ECTierMetadata(plan=plan)
 
     def request_finished(self, request: Request) -> tuple[bool, dict[str, Any] | None]:
         if not request.mm_features:

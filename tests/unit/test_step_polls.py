@@ -1,0 +1,52 @@
+"""`StepPolls`: when the scheduler side polls its supply within an engine step (the real-parts
+check of what the end-of-step poll buys is tests/fault/test_step_polls.py)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from ec_connector.application.consumer import WantedItem
+from ec_connector.application.roles import StepPolls
+
+
+class CountingSupply:
+    """A supply that counts its polls; `pending` says whether fetches are in flight."""
+
+    def __init__(self) -> None:
+        self.polls = 0
+        self.pending = False
+
+    def poll(self) -> None:
+        self.polls += 1
+
+    def ensure_available(self, request_id: str, params: object, items: Sequence[WantedItem]) -> bool:
+        return not self.pending
+
+    def take_unavailable(self) -> set[str]:
+        return set()
+
+    def has_pending_work(self) -> bool:
+        return self.pending
+
+
+def test_a_step_polls_once_at_its_start_however_many_requests_it_checks() -> None:
+    supply = CountingSupply()
+    polls = StepPolls(supply)
+    for _ in range(3):
+        polls.step_started()
+    assert supply.polls == 1
+    polls.step_ended()  # nothing in flight: no second poll
+    assert supply.polls == 1
+    polls.step_started()  # the next step polls again
+    assert supply.polls == 2
+
+
+def test_a_step_with_fetches_in_flight_polls_again_at_its_end() -> None:
+    supply = CountingSupply()
+    polls = StepPolls(supply)
+    polls.step_started()
+    supply.pending = True  # a request of this step asked a peer
+    polls.step_ended()
+    assert supply.polls == 2
+    polls.step_started()
+    assert supply.polls == 3
