@@ -11,7 +11,9 @@ Policies: `fifo` and `s3fifo` as shipped (domain/eviction.py), and the candidate
 them (bench/eviction_candidates.py): `clock` (CLOCK / SIEVE-like), `s3fifo-paper` (S3-FIFO with
 the paper's ghost of a whole region and a read count capped at 3), `s3fifo-tinylfu` (S3-FIFO with
 a TinyLFU admission filter), `lfu` and `lfu-fast-aging` (least frequently used with a ghost of
-counts, halved every 10x / 1x the tracked keys' accesses). Offline references:
+counts, halved every 10x / 1x the tracked keys' accesses), and `lecar` (bench/eviction_adaptive.py:
+LRU and `lfu` as two experts, each eviction following the one whose past evictions were wanted
+again least, weights learnt from the policy's own misses). Offline references:
 `belady` (farthest next request first, in our table; ec_connector/benchmarks/replay.py) and
 `bound` (a lower bound on every policy's miss ratio; bench/eviction_offline.py). The driver
 (replay.py's `replay_hits`) is compare_cache's step loop without the per-step lookups of live
@@ -34,6 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.cache_sides import BaselineSide, OursSide  # noqa: E402
 from bench.cache_traces import SOURCES, Trace, make_trace  # noqa: E402
+from bench.eviction_adaptive import LeCarPolicy  # noqa: E402
 from bench.eviction_candidates import ClockPolicy, LfuPolicy, TinyLfuS3FifoPolicy  # noqa: E402
 from bench.eviction_offline import miss_ratio_bound  # noqa: E402
 from bench.vllm_baseline import BaselineUnavailable, load  # noqa: E402
@@ -46,7 +49,7 @@ from ec_connector.benchmarks.replay import (  # noqa: E402
 )
 from ec_connector.domain import eviction  # noqa: E402
 
-CANDIDATES = ("fifo", "s3fifo", "clock", "s3fifo-paper", "s3fifo-tinylfu", "lfu", "lfu-fast-aging")
+CANDIDATES = ("fifo", "s3fifo", "clock", "s3fifo-paper", "s3fifo-tinylfu", "lfu", "lfu-fast-aging", "lecar")
 FRACTIONS = (0.05, 0.10, 0.15, 0.25, 0.50)
 TARGET_FRACTIONS = (0.10, 0.15, 0.25)
 TARGET_RATIO = 0.85
@@ -72,6 +75,8 @@ def _ours(policy: str) -> Callable[[int], OursSide]:
             table._policy = LfuPolicy(num_blocks, evictable)
         elif policy == "lfu-fast-aging":
             table._policy = LfuPolicy(num_blocks, evictable, age=1.0)
+        elif policy == "lecar":
+            table._policy = LeCarPolicy(num_blocks, evictable)
         else:
             table._policy = eviction.make_policy(
                 policy, num_blocks=num_blocks, evictable=evictable, min_compact=64

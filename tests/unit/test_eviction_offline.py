@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 
 from bench.cache_traces import Trace, make_trace
 from bench.eviction import _belady, _ours, replay_hits
+from bench.eviction_adaptive import LeCarPolicy
 from bench.eviction_candidates import ClockPolicy, LfuPolicy, TinyLfuS3FifoPolicy
 from bench.eviction_offline import (
     BeladyPolicy,
@@ -33,7 +34,8 @@ def test_the_bound_is_at_most_every_policys_miss_ratio(source, fraction):
     num_blocks = int(probe.footprint_rows() * fraction)
     trace = Trace(probe.steps, probe.live, num_blocks, source)
     bound = miss_ratio_bound(trace, num_blocks)["miss_ratio"]
-    ratios = {p: replay_hits(_ours(p)(num_blocks), trace)["miss_ratio"] for p in ("fifo", "s3fifo", "lfu")}
+    policies = ("fifo", "s3fifo", "lfu", "lecar")
+    ratios = {p: replay_hits(_ours(p)(num_blocks), trace)["miss_ratio"] for p in policies}
     clock = RequestClock()
     ratios["belady"] = replay_hits(_belady(num_blocks, request_positions(probe), clock), trace, clock)[
         "miss_ratio"
@@ -76,7 +78,7 @@ def test_belady_evicts_the_entry_requested_farthest_ahead():
 
 # --- the candidates keep the table's guarantees -------------------------------------------------
 
-CANDIDATES = ["clock", "s3fifo-tinylfu", "lfu"]
+CANDIDATES = ["clock", "s3fifo-tinylfu", "lfu", "lecar", "lecar-lru"]
 KINDS = ["ready", "ready", "read", "pinned", "granted", "announced", "not_ready", "quarantined"]
 
 
@@ -86,6 +88,10 @@ def _candidate(name: str, table: EntryTable) -> EvictionPolicy:
         return ClockPolicy(table._evictable)
     if name == "lfu":
         return LfuPolicy(num_blocks, table._evictable, age=0.05)  # ages often: the aging path runs
+    if name.startswith("lecar"):  # no key comes back here, so the weights stay: "lecar-lru" starts
+        # (and stays) with nearly every victim the LRU expert's, "lecar" alternates the two experts
+        lru_weight = 0.99 if name == "lecar-lru" else 0.5
+        return LeCarPolicy(num_blocks, table._evictable, age=0.05, history_share=0.5, lru_weight=lru_weight)
     return TinyLfuS3FifoPolicy(num_blocks, table._evictable, min_compact=8)
 
 
