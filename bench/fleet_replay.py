@@ -10,17 +10,9 @@ and by encoding, beside one table of the total bytes (`single`) and two tables t
     .venv/bin/python bench/fleet_replay.py --json out/fleet_replay.json      # ~6 min, 2-core VM
     .venv/bin/python bench/fleet_replay.py --quick                           # ~1 min
 
-Model. Two of our `EntryTable`s (`R` blocks each, the shipped run floor and cap, `s3fifo`), fed
-round-robin by request (a request's items all go to its replica). Per step, as bench/eviction.py's
-driver: saves and pulls started last step become READY (1% fail and are dropped), last step's
-loads unpin and peer grants are released; then each item is looked up in its replica's table:
-READY there is a local hit (pinned for a step); NOT_READY waits (not counted); absent, it is a
-fleet hit when the other replica holds it READY and the shipped `PullRule` finds the pull worth it
-(the copy is reserved here, the holder grants the READ, which counts as a read of the holder's
-entry, and the pulling request loads the copy once it is READY), else an encode (reserved here and
-saved). A pull whose copy the region cannot take is an encode, as in the fetcher. The directory
-and the pull's timing are idealised: a peer's READY entry is known at once and a pull takes one
-step, as a save does.
+Model: `ec_connector.benchmarks.replay_pair` (its docstring has the rules): two of our `EntryTable`s
+(`R` blocks each, the shipped run floor and cap, `s3fifo`), fed round-robin by request, 1% of saves
+failing; a pull needs the shipped `PullRule` to find it worth it; directory and pull timing idealised.
 
 Copy rules (what the table does with a pulled copy):
 
@@ -51,7 +43,6 @@ import argparse
 import itertools
 import random
 import sys
-import time
 from collections import deque
 from collections.abc import Callable, Container, Mapping
 from pathlib import Path
@@ -59,9 +50,10 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.cache_sides import ABSENT, READY, OursSide  # noqa: E402
-from bench.cache_traces import ROW_BYTES, SOURCES, Item, Step, Trace, make_trace  # noqa: E402
+from bench.cache_sides import OursSide  # noqa: E402
+from bench.cache_traces import SOURCES, Item, Step, Trace, make_trace  # noqa: E402
 from ec_connector.benchmarks.output import write_json  # noqa: E402
+from ec_connector.benchmarks.replay_pair import replay_pair  # noqa: E402
 from ec_connector.domain.entries import Entry  # noqa: E402
 from ec_connector.domain.eviction import _COPIES, _SMALL, S3FifoPolicy  # noqa: E402
 from ec_connector.domain.pull_rule import PullRule  # noqa: E402
@@ -171,88 +163,10 @@ def replay_fleet(trace: Trace, region_blocks: int, arm: str, rule: PullRule | No
     """Local hits, fleet hits (pulls) and encodes of `trace` under `arm` (`ARMS`): `single` is one
     table of 2x `region_blocks`, `none` two tables that do not share, a copy rule two tables that
     pull from each other. Requests alternate between the replicas (round-robin)."""
-    rule = rule or PullRule()
-    n = 1 if arm == "single" else 2
-    sides = [_side(region_blocks * (2 if arm == "single" else 1), arm) for _ in range(n)]
-    share = arm in COPY_RULES
-    local = fleet = encodes = waits = 0
-    encoded_rows = 0
-    pull_s = 0.0
-    to_ready: list[list[tuple[Item, bool]]] = [[] for _ in sides]  # (item, is a pull)
-    to_unpin: list[list[str]] = [[] for _ in sides]
-    to_release: list[list[tuple[str, int]]] = [[] for _ in sides]
-    grant_ids = itertools.count(1)
-    turn = itertools.count()
-    t0 = time.perf_counter()
-    for step_no, step in enumerate(trace.steps):
-        now = step_no * 0.02
-        for r, side in enumerate(sides):
-            side.tick(now)
-            table = side.table
-            policy = table._policy
-            drops = policy.to_drop if isinstance(policy, CopyRuleS3Fifo) else ()
-            loads, to_unpin[r] = to_unpin[r], []
-            for key in loads:
-                entry = table.unpin(key)
-                if key in drops and not entry.is_pinned:
-                    table.drop(key)
-            grants, to_release[r] = to_release[r], []
-            for key, gid in grants:
-                table.release_grant(key, gid)
-            saves, to_ready[r] = to_ready[r], []
-            for item, pulled in saves:
-                if item.fails:
-                    side.discard(item.key)
-                    continue
-                side.ready(item.key)
-                if pulled:  # the pulling request loads the copy
-                    side.pin(item.key)
-                    to_unpin[r].append(item.key)
-        for _, items in step.arrivals:
-            r = next(turn) % n
-            side, other = sides[r], sides[1 - r] if share else None
-            for item in items:
-                state = side.lookup(item.key)
-                if state == READY:
-                    side.pin(item.key)
-                    to_unpin[r].append(item.key)
-                    local += 1
-                    continue
-                if state != ABSENT:
-                    waits += 1
-                    continue
-                if (
-                    other is not None
-                    and other.lookup(item.key) == READY
-                    and rule.worth(item.rows * ROW_BYTES, item.rows)
-                    and side.alloc(item.key, item.rows)
-                ):
-                    gid = next(grant_ids)
-                    other.table.grant(item.key, gid, now=now, lease_s=30.0)
-                    to_release[1 - r].append((item.key, gid))
-                    side.table.mark_copy(item.key)
-                    to_ready[r].append((item, True))
-                    fleet += 1
-                    pull_s += rule.read_s(item.rows * ROW_BYTES)
-                    continue
-                encodes += 1
-                encoded_rows += item.rows
-                if side.table.get(item.key) is None and side.alloc(item.key, item.rows):
-                    to_ready[r].append((item, False))
-    served = local + fleet + encodes
-    return {
-        "local_hits": local,
-        "fleet_hits": fleet,
-        "encodes": encodes,
-        "waits": waits,
-        "encode_ratio": encodes / max(1, served),
-        "hit_ratio": (local + fleet) / max(1, served),
-        "encoded_rows": encoded_rows,
-        # the encoder's and the pulls' time under the PullRule's figures (pulls cost a step's wait
-        # for their request on top, which this does not count)
-        "work_s": encoded_rows * rule.encode_s_per_row + pull_s,
-        "replay_s": time.perf_counter() - t0,
-    }
+    if arm == "single":
+        return replay_pair(trace, [_side(2 * region_blocks, arm)], share=False, rule=rule)
+    sides = [_side(region_blocks, arm) for _ in range(2)]
+    return replay_pair(trace, sides, share=arm in COPY_RULES, rule=rule)
 
 
 def serving_trace(

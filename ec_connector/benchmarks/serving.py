@@ -177,6 +177,9 @@ def plan_fill(notes: dict[str, Any]) -> str:
     per = notes.get("expected_hit_ratio_per_replica")
     if per:
         line += "; a region per replica: " + ", ".join(f"{k} {v:.3f}" for k, v in per.items())
+    pair = notes.get("expected_hit_ratio_fleet")
+    if pair:
+        line += "; the pair pulling from each other: " + ", ".join(f"{k} {v:.3f}" for k, v in pair.items())
     return line
 
 

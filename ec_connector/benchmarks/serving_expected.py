@@ -24,6 +24,7 @@ from typing import Any
 from ec_connector.benchmarks.cache_sides import OursSide
 from ec_connector.benchmarks.cache_traces import ROW_BYTES, Item, Step, Trace
 from ec_connector.benchmarks.replay import BeladyPolicy, RequestClock, replay_hits, request_positions
+from ec_connector.benchmarks.replay_pair import replay_pair
 from ec_connector.benchmarks.serving_engine import replica_for
 
 ONLINE = ("fifo", "s3fifo")
@@ -54,7 +55,9 @@ def expected(wl: dict[str, Any], item_bytes: int, region_bytes: int, replicas: i
     """Expected hit ratios of workload `wl` (Workload.to_dict()) on its measured passes: one region
     of `region_bytes` serving every request and, with `replicas` > 1, each replica's region
     (`region_bytes` / `replicas`) serving the requests the round-robin client sends it (request i of
-    a pass to replica i % replicas), their hits summed (what per-replica tiers get)."""
+    a pass to replica i % replicas), their hits summed (what per-replica tiers get); with two, also
+    the pair pulling from each other (`expected_hit_ratio_fleet`: replay_pair.py, the shipped pull
+    rule and copies evicted first; a pull counts as a hit, as the bench counts it)."""
     rows = max(1, math.ceil(item_bytes / ROW_BYTES))
     passes = [list(p["seeds"]) for p in wl["passes"]]
     first = next((n for n, p in enumerate(wl["passes"]) if p["measured"]), len(passes))
@@ -73,6 +76,15 @@ def expected(wl: dict[str, Any], item_bytes: int, region_bytes: int, replicas: i
                 per[policy] += ratios[policy] * n
             counted += n
         out["expected_hit_ratio_per_replica"] = _rounded({p: v / max(1, counted) for p, v in per.items()})
+        if replicas == 2:
+            routes = [replica_for(i, replicas) for p in passes for i in range(len(p))]
+            sides = [OursSide(region_bytes // replicas // ROW_BYTES) for _ in range(2)]
+            trace = serving_trace(flat, rows, 0)
+            measured_from = sum(map(len, passes[:first]))
+            fleet = replay_pair(
+                trace, sides, share=True, count_from=measured_from, replica_of=routes.__getitem__
+            )
+            out["expected_hit_ratio_fleet"] = {"s3fifo": round(fleet["hit_ratio"], 4)}
     return out
 
 

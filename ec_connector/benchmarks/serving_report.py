@@ -52,7 +52,9 @@ FLEET_EXPECTED_BY_ARM = {
     "upstream": ("expected_hit_ratio_per_replica", "fifo"),
     "local": ("expected_hit_ratio_per_replica", "s3fifo"),
     "single": ("expected_hit_ratio", "s3fifo"),
+    "fleet": ("expected_hit_ratio_fleet", "s3fifo"),
 }
+_WHERE = {"expected_hit_ratio_per_replica": " a region per replica", "expected_hit_ratio_fleet": " pulling"}
 
 
 def collect(runs: list[dict[str, Any]]) -> dict[tuple[str, str], dict[str, dict[str, Cell]]]:
@@ -106,13 +108,11 @@ def expected_line(key: str, notes: dict[str, Any], arms: dict[str, dict[str, Cel
     for arm in [a for a in ARM_ORDER if a in arms]:
         vals = list(arms[arm].get("hit_ratio", {}).values())
         measured = f"{median(vals):.2f}" if vals else "-"
-        if arm in table:
-            where, policy = table[arm]
-            ratio = notes.get(where, {}).get(policy)
-            if ratio is not None:
-                per = " a region per replica" if where.endswith("per_replica") else ""
-                parts.append(f"{arm} {measured} / {ratio:.2f} ({policy}{per})")
-        elif fleet and arm == "fleet" and "expected_hit_ratio_per_replica" in notes:
+        where, policy = table.get(arm, ("", ""))
+        ratio = notes.get(where, {}).get(policy)
+        if ratio is not None:
+            parts.append(f"{arm} {measured} / {ratio:.2f} ({policy}{_WHERE.get(where, '')})")
+        elif fleet and arm == "fleet" and "expected_hit_ratio_per_replica" in notes:  # JSON without the pair
             low = notes["expected_hit_ratio_per_replica"]["s3fifo"]
             span = f"{low:.2f}-{exp['s3fifo']:.2f}"
             parts.append(f"fleet {measured} / {span} (s3fifo, a region each - one region)")

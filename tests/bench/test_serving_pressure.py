@@ -75,6 +75,24 @@ def test_per_replica_ratios_follow_the_round_robin_client() -> None:
     assert "expected_hit_ratio_per_replica" not in expected(passes([A], [A]), ITEM, ITEM)
 
 
+def test_the_pair_pulling_from_each_other_hits_what_the_other_replica_holds() -> None:
+    def passes(*ps: list[int]) -> dict:
+        return {"passes": [{"seeds": p, "measured": n > 0} for n, p in enumerate(ps)]}
+
+    # two images a replica: each measured request names the image the other replica encoded
+    swapped = expected(passes([A, B], [B, A]), ITEM, 4 * ITEM, replicas=2)
+    assert swapped["expected_hit_ratio_per_replica"]["s3fifo"] == 0.0
+    assert swapped["expected_hit_ratio_fleet"] == {"s3fifo": 1.0}  # both pulled
+    # a third image only replica 0 ever sees: encoded there, no peer holds it
+    fresh = expected(passes([A, B], [B, C]), ITEM, 4 * ITEM, replicas=2)
+    assert fresh["expected_hit_ratio_fleet"] == {"s3fifo": 0.5}
+    # a pull is a copy that needs room: with one image a replica, pulling B in replica 0 evicts A
+    # there, so A's later request on replica 1 finds no holder and encodes
+    tight = expected(passes([A, B], [B, A]), ITEM, 2 * ITEM, replicas=2)
+    assert tight["expected_hit_ratio_fleet"] == {"s3fifo": 0.5}
+    assert "expected_hit_ratio_fleet" not in expected(passes([A], [A]), ITEM, ITEM)
+
+
 def test_the_run_records_the_fill_and_the_expected_ratios_in_the_workload_notes() -> None:
     args = parser().parse_args(
         ["run", "--out", "/tmp/unused", "--workloads", "unique,pressure", "--region-mib", "64"]
@@ -144,3 +162,8 @@ def test_the_report_prints_measured_beside_expected_hit_ratios(capsys: pytest.Ca
         "upstream 0.40 / 0.41 (fifo a region per replica), local 0.50 / 0.53 (s3fifo a region per replica), "
         "fleet 0.57 / 0.53-0.62 (s3fifo, a region each - one region), single 0.60 / 0.62 (s3fifo)"
     ) in out
+    # a run that replayed the pair pulling from each other prints that expectation for the fleet
+    fleet["run_id"] = "g"
+    fleet["workloads"][0]["notes"]["expected_hit_ratio_fleet"] = {"s3fifo": 0.59}
+    serving_report.print_report([fleet])
+    assert "fleet 0.57 / 0.59 (s3fifo pulling), single 0.60 / 0.62 (s3fifo)" in capsys.readouterr().out
