@@ -24,8 +24,11 @@ demo: $(STAMP) vllm-env
 	$(BIN)/ec-connector demo
 
 # The real-engine tests need vLLM's CPU build in its own venv (.venv-vllm, ~3.6 GB, ~5 min once).
+# vLLM 0.33's scheduler side runs over it from .venv-vllm033 (its CUDA wheel's Python tree, 122 MB,
+# ~20 s once): tests/integration/test_vllm033_facade.py checks the facade against both versions.
 vllm-env: $(STAMP)
 	tools/setup_vllm_env.sh
+	tools/setup_vllm033_overlay.sh
 
 # Two workers, one test file each at a time (a file's engines and module fixtures stay together):
 # most of the time goes to real engines starting and to bounded waits, which overlap well on 2 cores.
