@@ -4,9 +4,9 @@ vLLM 0.33 ships only as a CUDA wheel; tools/setup_vllm033_overlay.sh unpacks its
 .venv-vllm033, which runs first on PYTHONPATH under .venv-vllm's python (torch CPU and the
 dependencies 0.33's scheduler side imports) with VLLM_TARGET_DEVICE=cpu. The driver
 (vllm033_facade_driver.py) runs vLLM 0.33's configs, ECConnectorFactory, plugin loader, Scheduler,
-Request, ECConnectorLogging and ECConnectorProm around ECTierConnector and reports what happened; each
-test below checks one part. The model runner's side (encoding, the V2 runner) needs the GPU suite
-(docs/gpu-engine-suite.md). Skips without the overlay.
+Request, multimodal processor, ECConnectorLogging and ECConnectorProm around ECTierConnector and
+reports what happened; each test below checks one part. The model runner's side (encoding, the V2
+runner) needs the GPU suite (docs/gpu-engine-suite.md). Skips without the overlay.
 """
 
 from __future__ import annotations
@@ -87,6 +87,20 @@ def test_a_producer_whose_measured_widths_differ_from_the_row_is_refused_at_crea
 
 def test_vllm_033s_plugin_loader_registers_the_connector_by_name(run: dict[str, Any]) -> None:
     assert run["by_plugin"] == "ec_connector.entrypoints.vllm.connector.ECTierConnector"
+
+
+def test_a_nixl_producer_publishes_an_item_vllm_033s_processor_made_with_its_metadata(
+    run: dict[str, Any],
+) -> None:
+    producer = run["producer"]
+    rows = producer["rows"]
+    assert producer["saves"] == [["image-p", rows]]
+    assert producer["delay_free"] is False
+    published = producer["params"]["image-p"]
+    t, h, w = published["metadata"]["image_grid_thw"]  # what a consumer needs to place the rows
+    assert t * h * w // 4 == rows  # Qwen2-VL merges 2x2 patches into one row
+    assert published["size_bytes"] == rows * HIDDEN * 2  # bf16
+    assert published["peer_port"] > 0
 
 
 def test_vllm_033s_scheduler_loads_an_item_its_own_encoder_cache_evicted(run: dict[str, Any]) -> None:

@@ -16,6 +16,7 @@ builds (vLLM 0.33's Python tree on .venv-vllm's torch). `MODEL_DIR` is a config-
   what the plan asks into an encoder-cache dict. The region is a real /dev/shm file;
 - image A is encoded and saved, fillers push it out of vLLM's own encoder cache, and A again must be
   a tier hit: loaded, not encoded; a last image B (a miss) closes the run;
+- a NIXL producer's request_finished publishes an item that 0.33's processor made, with its metadata;
 - the stats each step's `SchedulerStats` carries go through vLLM's `ECConnectorLogging` (aggregate,
   reduce, its log line) and `ECConnectorProm` (our Prometheus series).
 """
@@ -23,6 +24,7 @@ builds (vLLM 0.33's Python tree on .venv-vllm's torch). `MODEL_DIR` is a config-
 from __future__ import annotations
 
 import json
+import os
 import socket
 import sys
 from collections import Counter
@@ -143,6 +145,47 @@ def by_plugin_name(model_dir: str, engine_id: str) -> str:
     return f"{type(connector).__module__}.{type(connector).__name__}"
 
 
+def producer_publishes(model_dir: str, engine_id: str) -> dict[str, Any]:
+    """What a NIXL producer's request_finished hands vLLM for an item vLLM 0.33's own processor made
+    (its dummy image: processed pixels and the grid metadata a consumer needs)."""
+    from vllm.multimodal import MULTIMODAL_REGISTRY
+    from vllm.multimodal.encoder_budget import MultiModalBudget
+
+    os.environ["VLLM_EC_SIDE_CHANNEL_PORT"] = str(_free_port())
+    config = vllm_config(model_dir, engine_id, role="ec_producer", ec_connector_module_path=MODULE_PATH)
+    config.ec_transfer_config.ec_connector_extra_config["ec_enable_nixl"] = True
+    config.ec_transfer_config.mm_encoder_output_widths = {"image": HIDDEN}  # as vLLM measures it
+    budget = MultiModalBudget(config, MULTIMODAL_REGISTRY, enable_cache=False)
+    dummy = budget.processor.get_dummy_mm_inputs(mm_counts={"image": 1})
+    feature = MultiModalFeatureSpec(
+        data=dummy["mm_kwargs"]["image"][0],
+        modality="image",
+        identifier="image-p",
+        mm_position=dummy["mm_placeholders"]["image"][0],
+    )
+    req = Request(
+        request_id="req-p",
+        prompt_token_ids=list(dummy["prompt_token_ids"]),
+        sampling_params=SamplingParams(max_tokens=1),
+        pooling_params=None,
+        mm_features=[feature],
+    )
+    connector = ECConnectorFactory.create_connector(config, ECConnectorRole.SCHEDULER)
+    try:
+        connector.ensure_cache_available(req, 0)
+        connector.update_state_after_alloc(req, 0)
+        plan = connector.build_connector_meta(None).plan  # the facade does not read the argument
+        delay_free, params = connector.request_finished(req)
+    finally:
+        connector.shutdown()
+    return {
+        "rows": feature.mm_position.get_num_embeds(),
+        "saves": [(c.key, c.rows) for c in plan.saves],
+        "delay_free": delay_free,
+        "params": params,
+    }
+
+
 def run_scheduler(config: VllmConfig) -> dict[str, Any]:
     kv = KVCacheConfig(
         num_blocks=64,
@@ -244,6 +287,7 @@ def main(model_dir: str, engine_id: str) -> None:
         "widths_before": measured_encoder_widths(type("C", (), {"ec_transfer_config": transfer})()),
         "refusal": refusal(model_dir, f"{engine_id}-refused"),
         "by_plugin": by_plugin_name(model_dir, f"{engine_id}-plugin"),
+        "producer": producer_publishes(model_dir, f"{engine_id}-producer"),
     }
     config = vllm_config(model_dir, engine_id, ec_connector_module_path=MODULE_PATH)
     port = _free_port()
