@@ -122,6 +122,9 @@ class _RecordingControl:
         self.ack_bytes.extend(len(self._encode(r.ack)) for r in replies if r.ack is not None)
         return replies
 
+    def wait(self, timeout_s: float) -> bool:
+        return self._inner.wait(timeout_s)
+
     def close(self) -> None:
         self._inner.close()
 

@@ -100,6 +100,7 @@ class ConsumerFetcher:
         self._agents: dict[PeerAddress, str] = {}  # the agent each producer last acked with
         self._fell_back: dict[str, float] = {}
         self._unavailable: set[str] = set()
+        self._asked: set[str] = set()  # fetches asked since the last await_acks, still in flight
         self.stats = stats
 
     def ensure_available(self, request_id: str, params: object, items: Sequence[WantedItem]) -> bool:
@@ -152,6 +153,29 @@ class ConsumerFetcher:
 
     def has_pending_work(self) -> bool:
         return bool(self._fetches)
+
+    def await_acks(self, budget_s: float) -> None:
+        """Wait up to `budget_s` for the acks of the asks sent since the last call, handling each
+        reply as it comes (an OK ack posts its READ); then those asks are forgotten here.
+
+        Called at the end of an engine step: a producer acks within a millisecond, which the rest
+        of the step's scheduling may not last, and an ack handled now has its READ land during the
+        forward, so the request is scheduled at the next step instead of the one after. Only this
+        step's asks are waited for, so a silent producer costs each step at most `budget_s` until
+        its asks time out."""
+        asked, self._asked = self._asked, set()
+        if budget_s <= 0 or not asked:
+            return
+        deadline = self._clock.now() + budget_s
+        while any(self._awaits_ack(key) for key in asked):
+            left = deadline - self._clock.now()
+            if left <= 0 or not self._control.wait(left):
+                return
+            self.poll()
+
+    def _awaits_ack(self, key: str) -> bool:
+        fetch = self._fetches.get(key)
+        return fetch is not None and fetch.state is _State.ASKING
 
     def take_unavailable(self) -> set[str]:
         """Requests whose media are gone and whose items could not be fetched (fail them)."""
@@ -213,6 +237,7 @@ class ConsumerFetcher:
     def _ask(self, fetch: _Fetch) -> None:
         req = XferReq(PROTOCOL_VERSION, fetch.ref.mm_hash, self._fingerprint, self._engine_id)
         self._control.send(fetch.ref.address, req)
+        self._asked.add(req.mm_hash)
         fetch.asked += 1
         self.stats.requests_sent += 1
 
@@ -304,6 +329,7 @@ class ConsumerFetcher:
 
     def _done(self, key: str, fetch: _Fetch, now: float) -> None:
         del self._fetches[key]
+        self._asked.discard(key)
         # First the message the producer waits on to unpin; then the bookkeeping (the entry turns
         # READY and its STORED event goes out on this thread, before any lookup can see it).
         self._control.send(fetch.ref.address, XferDone(PROTOCOL_VERSION, key, fetch.grant_id))
@@ -337,6 +363,7 @@ class ConsumerFetcher:
 
     def _fail(self, key: str, fetch: _Fetch, now: float, reason: str, *, quarantine: bool = False) -> None:
         del self._fetches[key]
+        self._asked.discard(key)
         quarantine_s = self._config.quarantine_s if quarantine else None
         if self._tier.fail_fetch(key, now=now, quarantine_s=quarantine_s):
             self.stats.quarantines += 1

@@ -252,6 +252,9 @@ class FleetFetcher:
     def has_pending_work(self) -> bool:
         return self._fetcher.has_pending_work()
 
+    def await_acks(self, budget_s: float) -> None:
+        self._fetcher.await_acks(budget_s)
+
     def note_local(self, key: str) -> None:
         """vLLM allocated `key` in its own encoder cache (it is being encoded or loaded here): for a
         while vLLM may still hold it, so it is not pulled from peers (bounded, oldest dropped)."""

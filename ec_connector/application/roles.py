@@ -33,19 +33,23 @@ class Supply(Protocol):
 
     def has_pending_work(self) -> bool: ...
 
+    def await_acks(self, budget_s: float) -> None: ...
+
 
 class StepPolls:
     """When the scheduler side polls its supply during an engine step.
 
     At the step's start (its first `ensure_cache_available`): once, so every request of the step
     sees the same settled fetches. At its end (`build_connector_meta`): again while fetches are in
-    flight, because a producer acks within a millisecond of the ask made while the step was
-    scheduled; handling that ack now posts the READ, whose bytes land during the model's forward,
-    so the request is ready at the next step instead of the one after (one step of TTFT a pull).
+    flight, waiting up to `ack_wait_s` (`step_ack_wait_s`) for the acks of the asks made while
+    the step was scheduled; handling an ack then posts its READ, whose bytes land during the
+    model's forward, so the request is ready at the next step instead of the one after (one step
+    of TTFT a pull).
     """
 
-    def __init__(self, supply: Supply) -> None:
+    def __init__(self, supply: Supply, ack_wait_s: float = 0.0) -> None:
         self._supply = supply
+        self._ack_wait_s = ack_wait_s
         self._polled = False
 
     def step_started(self) -> None:
@@ -57,6 +61,7 @@ class StepPolls:
         self._polled = False
         if self._supply.has_pending_work():
             self._supply.poll()
+            self._supply.await_acks(self._ack_wait_s)
 
 
 class Publisher(Protocol):
@@ -93,6 +98,9 @@ class LocalSupply:
 
     def has_pending_work(self) -> bool:
         return False
+
+    def await_acks(self, budget_s: float) -> None:
+        pass
 
 
 class NoPublisher:

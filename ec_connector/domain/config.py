@@ -42,6 +42,12 @@ MIN_RUN_BYTES = 256 * 1024
 """Default of `ec_min_run_bytes`: the copier's copy-engine threshold (runs shorter than this go
 through its gather kernel)."""
 
+STEP_ACK_WAIT_S = 0.002
+"""Default of `step_ack_wait_s`: a producer on the same host or network acks within a millisecond,
+and an engine step lasts tens of milliseconds, so waiting this long at most saves a pulled
+request a whole step."""
+MAX_STEP_ACK_WAIT_S = 0.1
+
 MAX_ENTRY_RUNS = 4
 """Default of `ec_max_entry_runs`. Each run of an entry is one copy handed to the driver at launch and
 one NIXL descriptor, and a full tier with out-of-order frees drifts to many runs per entry; a cap of 4
@@ -63,6 +69,10 @@ class ConnectorConfig:
     not_ready_backoff_s: float = 0.05
     not_ready_backoff_max_s: float = 1.0
     not_ready_give_up_s: float = 10.0
+    step_ack_wait_s: float = STEP_ACK_WAIT_S
+    """The longest an engine step waits at its end for the acks of the pulls it asked for
+    (`step_ack_wait_s`); 0: none (an ack is then handled at the next step, its request scheduled a
+    step later)."""
     min_run_bytes: int = MIN_RUN_BYTES
     """Run floor of the tier's allocation: an entry that must be split is placed in pieces of at
     least this many bytes, evicting a little more (oldest first) where that is what it takes. 0 turns
@@ -100,6 +110,7 @@ KNOWN_KEYS = frozenset(
         "ec_max_entry_runs",
         "ec_eviction",
         "tenant_scopes",
+        "step_ack_wait_s",
         *_SECONDS_KEYS,
     }
 )
@@ -181,6 +192,19 @@ def parse_seconds(key: str, value: object) -> float:
     return seconds
 
 
+def parse_step_ack_wait(value: object) -> float:
+    form = f"a number of seconds from 0 to {MAX_STEP_ACK_WAIT_S} (0: no wait), e.g. {STEP_ACK_WAIT_S}"
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise reject("step_ack_wait_s", value, form)
+    try:
+        seconds = float(value)
+    except OverflowError:
+        raise reject("step_ack_wait_s", value, form) from None
+    if not 0 <= seconds <= MAX_STEP_ACK_WAIT_S:  # NaN fails both comparisons
+        raise reject("step_ack_wait_s", value, form)
+    return seconds
+
+
 def parse_choice(key: str, value: object, choices: tuple[str, ...]) -> str:
     if not isinstance(value, str) or value not in choices:
         raise reject(key, value, "one of " + ", ".join(repr(c) for c in choices))
@@ -226,6 +250,8 @@ def parse_config(extra: object, *, role: object, other_keys: frozenset[str] = fr
     for key in _SECONDS_KEYS:
         if key in extra:
             fields[key] = parse_seconds(key, extra[key])
+    if "step_ack_wait_s" in extra:
+        fields["step_ack_wait_s"] = parse_step_ack_wait(extra["step_ack_wait_s"])
     config = ConnectorConfig(**fields)
     if config.not_ready_backoff_max_s < config.not_ready_backoff_s:
         raise reject(

@@ -55,6 +55,14 @@ class ControlClient(Protocol):
         """
         ...
 
+    def wait(self, timeout_s: float) -> bool:
+        """Block up to `timeout_s` until a reply or a peer's loss may be ready for `poll`.
+
+        True at once when one is queued already, or as soon as one may have come; False when the
+        time ran out, or at once when nothing is connected. It never consumes a reply.
+        """
+        ...
+
     def close(self) -> None:
         """Drop every connection; idempotent."""
         ...

@@ -165,6 +165,29 @@ def test_a_done_reaches_on_done(world: World) -> None:
     assert settle(client) == [], "a done is not answered"
 
 
+def test_wait_returns_once_a_reply_is_ready_and_false_when_none_comes(world: World) -> None:
+    client = world.client()
+    assert client.wait(0.05) is False  # nothing connected: at once
+    address = world.serve(granting()[0])
+    client.send(address, request("img-a"))
+    assert client.wait(WAIT_S) is True
+    replies = collect(client, lambda got: len(got) >= 1)
+    assert [r.ack.mm_hash for r in replies if r.ack is not None] == ["img-a"]
+    started = time.monotonic()
+    assert client.wait(0.05) is False  # connected, nothing more to come
+    assert time.monotonic() - started < 1.0
+    client.send(address, XferDone(PROTOCOL_VERSION, "img-a", 41))  # a done is not answered
+    assert client.wait(0.05) is False
+
+
+def test_a_loss_wakes_a_wait(world: World) -> None:
+    client = world.client()
+    client.send(world.nowhere(), request("img-a"))
+    assert client.wait(WAIT_S) is True
+    replies = collect(client, lambda got: len(got) >= 1)
+    assert replies and replies[0].ack is None
+
+
 def test_each_reply_is_returned_once(world: World) -> None:
     address = world.serve(granting()[0])
     client = world.client()

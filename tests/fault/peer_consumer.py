@@ -45,6 +45,9 @@ class RunOnOk:
             subprocess.run(self._command, shell=True, check=True)
         return replies
 
+    def wait(self, timeout_s: float) -> bool:
+        return self._inner.wait(timeout_s)
+
     def close(self) -> None:
         self._inner.close()
 

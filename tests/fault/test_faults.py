@@ -182,6 +182,9 @@ class StopAfterAck:
             self._producer.signal(self._sig)
         return replies
 
+    def wait(self, timeout_s: float) -> bool:
+        return self._inner.wait(timeout_s)
+
     def close(self) -> None:
         self._inner.close()
 

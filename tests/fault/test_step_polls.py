@@ -1,10 +1,12 @@
 """When the scheduler side polls its supply (`StepPolls`), on a real producer process and a real
 consumer (ZMQ, NIXL, /dev/shm): the ack of an ask made while a step was scheduled is handled at
-that step's end, so the READ is already posted when the next step starts and the request is
-scheduled one step after its ask."""
+that step's end (waiting for it up to `step_ack_wait_s`), so the READ is already posted when the
+next step starts and the request is scheduled one step after its ask; a producer that does not
+answer costs a step no more than that wait."""
 
 from __future__ import annotations
 
+import signal
 import time
 
 import pytest
@@ -12,7 +14,7 @@ import pytest
 from ec_connector.application.consumer import WantedItem
 from ec_connector.application.roles import StepPolls
 
-from .harness import HAVE_NIXL, NO_NIXL, ConsumerSide
+from .harness import HAVE_NIXL, NO_NIXL, SLACK_S, ConsumerSide
 
 pytestmark = pytest.mark.skipif(not HAVE_NIXL, reason=NO_NIXL)
 
@@ -44,3 +46,50 @@ def test_an_ask_is_acked_at_the_end_of_its_step_and_ready_at_the_next(world) -> 
     consumer.assert_read("img-a", 24)
     consumer.assert_clean()
 
+
+
+def test_the_step_end_waits_for_the_ack_of_an_ask_made_in_the_step(world) -> None:
+    producer = world["producer"]()
+    consumer: ConsumerSide = world["consumer"](extra={"nixl_consumer_progress_thread": True})
+    params = producer.store("img-a", 24)
+    polls = StepPolls(consumer.fetcher, ack_wait_s=ACK_WAIT_S)  # ends as soon as the ack is in
+    wanted = [WantedItem("img-a", 24, True)]
+
+    polls.step_started()
+    assert not consumer.fetcher.ensure_available("req-1", params, wanted)
+    consumer.scheduler.take_plan()
+    polls.step_ended()  # at once: no time for the ack unless the step end waits for it
+    assert consumer.stats.acks_ok == 1
+
+    time.sleep(FORWARD_S)
+    polls.step_started()
+    assert consumer.fetcher.ensure_available("req-1", params, wanted)
+    consumer.assert_read("img-a", 24)
+    consumer.assert_clean()
+
+
+def test_a_producer_that_does_not_answer_costs_a_step_at_most_the_wait(world) -> None:
+    producer = world["producer"]()
+    consumer: ConsumerSide = world["consumer"]()
+    params = producer.store("img-a", 24)
+    producer.signal(signal.SIGSTOP)  # alive, connected, silent
+    wait_s = 0.2
+    polls = StepPolls(consumer.fetcher, ack_wait_s=wait_s)
+    wanted = [WantedItem("img-a", 24, True)]
+
+    polls.step_started()
+    assert not consumer.fetcher.ensure_available("req-1", params, wanted)
+    consumer.scheduler.take_plan()
+    started = time.monotonic()
+    polls.step_ended()
+    took = time.monotonic() - started
+    assert wait_s * 0.9 <= took < wait_s + SLACK_S and consumer.stats.acks_ok == 0
+    started = time.monotonic()
+    polls.step_started()
+    assert not consumer.fetcher.ensure_available("req-1", params, wanted)
+    polls.step_ended()  # the ask was made in an earlier step: this step does not wait for it
+    assert time.monotonic() - started < wait_s
+
+    producer.signal(signal.SIGCONT)
+    assert consumer.fetch(params, [("img-a", 24)], bound_s=ACK_WAIT_S) == {"img-a": "read"}
+    consumer.assert_clean()

@@ -130,6 +130,28 @@ def test_min_run_bytes_negative_huge_or_not_an_int_is_refused(value):
         parse_tier(ec_min_run_bytes=value)
 
 
+# --- step_ack_wait_s ----------------------------------------------------------------------------
+
+
+def test_step_ack_wait_defaults_to_two_milliseconds():
+    assert parse_tier().step_ack_wait_s == 0.002
+
+
+@pytest.mark.parametrize("value", [0, 0.0005, 0.002, 0.1])
+def test_step_ack_wait_takes_seconds_from_0_to_a_tenth(value):
+    assert parse_tier(step_ack_wait_s=value).step_ack_wait_s == value
+
+
+@pytest.mark.parametrize("value", [-0.001, 0.2, math.nan, math.inf, "0.002", True, None, 10**400])
+def test_step_ack_wait_negative_long_or_not_a_number_is_refused(value):
+    shown = "<an integer of 1329 bits>" if value == 10**400 else repr(value)
+    with rejects(
+        f"ec_connector_extra_config['step_ack_wait_s'] = {shown} is invalid: expected a number of "
+        "seconds from 0 to 0.1 (0: no wait), e.g. 0.002"
+    ):
+        parse_tier(step_ack_wait_s=value)
+
+
 # --- ec_max_entry_runs --------------------------------------------------------------------------
 
 

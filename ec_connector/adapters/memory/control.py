@@ -87,6 +87,9 @@ class MemoryControlClient:
         out, self._replies = self._replies, []
         return out
 
+    def wait(self, timeout_s: float) -> bool:
+        return bool(self._replies)  # replies are made at send: nothing comes later to wait for
+
     def close(self) -> None:
         self._replies = []
         if self in self._network.clients:

@@ -19,6 +19,7 @@ poll; IMMEDIATE=1 would refuse that send (EAGAIN) until the handshake ends.
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass
 
@@ -120,6 +121,19 @@ class ZmqControlClient:
             if reason is not None:
                 out.append(self._lose(peer, reason))
         return out
+
+    def wait(self, timeout_s: float) -> bool:
+        """Block up to `timeout_s` until an ack or monitor news may be ready for `poll`; False when
+        the time ran out (rounded up to whole milliseconds) or no peer is connected. Reads nothing."""
+        if self._pending:
+            return True
+        if not self._peers or timeout_s <= 0:
+            return False
+        poller = zmq.Poller()
+        for peer in self._peers.values():
+            poller.register(peer.sock, zmq.POLLIN)
+            poller.register(peer.monitor, zmq.POLLIN)
+        return bool(poller.poll(max(1, math.ceil(timeout_s * 1000.0))))  # whole milliseconds
 
     def close(self) -> None:
         """Drop every connection (linger 0); idempotent."""

@@ -87,7 +87,7 @@ class ECTierConnector(ECConnectorBase):
             side = self._container.scheduler_side()
             self._scheduler, self._supply, self._publisher = side.tier, side.supply, side.publisher
             self._scopes, self._fleet = side.scopes, side.fleet
-            self._polls = StepPolls(side.supply)
+            self._polls = StepPolls(side.supply, config.tier.step_ack_wait_s)
             self._stats = self._container.stats()
         else:
             self._container = build_container(config, **vllm_settings.worker_settings(vllm_config, config))
