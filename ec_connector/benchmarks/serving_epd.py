@@ -13,7 +13,10 @@ Two `AsyncLLM` engines in this process, each with its own EngineCore process, on
 Each request keeps its image for the consumer too (a consumer that cannot pull encodes locally).
 The figure is the consumer's: its TTFT from its own submission, its wall time and encoder items
 (the hook counts each engine's processes apart through EC_BENCH_ENGINE); the producer's time per
-request and the end-to-end TTFT (producer + consumer) are recorded beside it.
+request and the end-to-end TTFT (producer + consumer) are recorded beside it, and, for ours, each
+pull's time from its XferReq to the item ready in the consumer's tier (`pull_p50_ms`,
+`pull_p99_ms`: the connector's `peer_fetch_seconds`, read through a stat logger that every arm's
+consumer gets alike).
 
 Output and exit codes as serving_engine.py.
 """
@@ -40,6 +43,7 @@ from ec_connector.benchmarks.serving_engine import (
     summarize,
     write_workload,
 )
+from ec_connector.benchmarks.serving_fleet import counter_logger, pull_figures
 from ec_connector.benchmarks.serving_workload import Workload
 
 
@@ -89,7 +93,8 @@ async def serve(spec: dict, out: Results, hook_dir: str) -> None:
     consumer_kwargs = dict(spec["engine"])
     if spec.get("connector"):
         consumer_kwargs["ec_transfer_config"] = spec["connector"]
-    consumer = start(consumer_kwargs, "consumer", {})
+    fetches: list[float] = []  # the consumer's pull durations, in the order its stats arrive
+    consumer = start(consumer_kwargs, "consumer", {}, stat_loggers=[counter_logger({}, fetches)])
     start_s = time.perf_counter() - started
     runner = "v2" if getattr(consumer.vllm_config, "use_v2_model_runner", False) else "v1"
     out.write("engine", start_s=start_s, vllm=vllm.__version__, runner=runner, pid=os.getpid())
@@ -100,18 +105,23 @@ async def serve(spec: dict, out: Results, hook_dir: str) -> None:
             passes: list[dict[str, Any]] = []
             rows_all: list[tuple[float, float, int]] = []
             wall_all, items_all, enc_all, e2e_all, prod_all, published_all = 0.0, 0, 0, [], [], 0
+            pulls_all: list[float] = []
             for p in wl.passes:
                 before = encoder_items(hook_dir, "consumer")
+                pulled_before = len(fetches)
                 done, wall, e2e, prod, published = await epd_pass(
                     spec, producer, consumer, wl, p.seeds, f"{spec['tag']}-{wl.key}-{p.label}"
                 )
                 encoded = encoder_items(hook_dir, "consumer") - before
                 figures = summarize(done, wall, len(p.seeds), encoded)
                 figures["published"] = published
+                pulls = fetches[pulled_before:]
+                figures.update(pull_figures(pulls))
                 passes.append({"label": p.label, "measured": p.measured, **figures})
                 say(
                     f"{arm} {wl.key} {p.label}: {len(done)} req in {wall:.2f} s, consumer encoder items "
-                    f"{encoded}, {published} published, TTFT p50 {figures['ttft_p50_ms'] or 0:.0f} ms"
+                    f"{encoded}, {published} published, TTFT p50 {figures['ttft_p50_ms'] or 0:.0f} ms, "
+                    f"pull p50 {figures.get('pull_p50_ms', '-')} ms"
                 )
                 if p.measured:
                     rows_all += done
@@ -121,12 +131,14 @@ async def serve(spec: dict, out: Results, hook_dir: str) -> None:
                     e2e_all += e2e
                     prod_all += prod
                     published_all += published
+                    pulls_all += pulls
             measured = summarize(rows_all, wall_all, items_all, enc_all)
             e2e_ms = sorted(x * 1e3 for x in e2e_all)
             measured.update(
                 published=published_all,
                 e2e_ttft_p50_ms=e2e_ms[len(e2e_ms) // 2] if e2e_ms else None,
                 producer_p50_ms=sorted(prod_all)[len(prod_all) // 2] * 1e3 if prod_all else None,
+                **pull_figures(pulls_all),
             )
             write_workload(out, wl, measured, passes)
     finally:

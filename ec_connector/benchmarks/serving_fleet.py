@@ -184,12 +184,20 @@ def pass_figures(
     figures["replica_encoder_items"] = per_replica
     if any(k.startswith("fleet_") for k in counters):
         figures["fleet_pulls"] = counters.get("fleet_pulls_done", 0)
-    if fetches:
-        ordered = sorted(fetches)
-        figures["pull_p50_ms"] = round(ordered[len(ordered) // 2] * 1e3, 3)
-        figures["pull_p99_ms"] = round(ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))] * 1e3, 3)
+    figures.update(pull_figures(fetches))
     figures["counters"] = counters
     return figures
+
+
+def pull_figures(fetches: Sequence[float]) -> dict[str, float]:
+    """`pull_p50_ms` and `pull_p99_ms` of pull durations in seconds; nothing when none ended."""
+    if not fetches:
+        return {}
+    ordered = sorted(fetches)
+    return {
+        "pull_p50_ms": round(ordered[len(ordered) // 2] * 1e3, 3),
+        "pull_p99_ms": round(ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))] * 1e3, 3),
+    }
 
 
 def add_pass(

@@ -34,7 +34,15 @@ FIGURES = (
     ("hit_ratio", "hit ratio", "{:.2f}"),
 )
 # Recorded where they apply (E->PD, the stub, a connector's hook time), printed under the table.
-EXTRAS = ("e2e_ttft_p50_ms", "producer_p50_ms", "published", "stubbed_items", "hook_ms", "fleet_pulls")
+EXTRAS = (
+    "e2e_ttft_p50_ms",
+    "producer_p50_ms",
+    "published",
+    "pull_p50_ms",
+    "stubbed_items",
+    "hook_ms",
+    "fleet_pulls",
+)
 ARM_ORDER = ("none", "upstream", "ours", "limit", "local", "fleet", "single")
 SPEED = ("wall_s", "req_s", "out_tok_s", "ttft_p50_ms", "ttft_p99_ms")
 # (arm, reference, figures) of the fleet rows, printed as arm / reference
