@@ -283,8 +283,14 @@ class S3Model:
     )
 )
 def test_s3fifo_evicts_as_the_reference_model(ops):
-    table = EntryTable(60, eviction=S3FIFO)
-    model = S3Model(60)
+    follow_model(EntryTable(60, eviction=S3FIFO), S3Model(60), ops)
+
+
+def follow_model(table: EntryTable, model: S3Model, ops: list[tuple[str, int, int]]) -> None:
+    """Apply `ops` to `table` and `model` alike; each reservation evicts what the model evicts, and
+    both end holding the same keys. Ops: ("reserve", k, rows), ("read", k, 0) and, for a model with
+    copies (`reserve_copy`), ("copy", k, rows) (a pulled copy never loaded) and ("pull", k, rows) (a
+    pulled copy its request loads)."""
     for op, k, rows in ops:
         key = f"k{k}"
         if op == "read":
@@ -294,12 +300,17 @@ def test_s3fifo_evicts_as_the_reference_model(ops):
             continue
         if key in table:
             continue
-        want = model.reserve(key, rows)
+        want = model.reserve(key, rows) if op == "reserve" else model.reserve_copy(key, rows)
         got = table.reserve(key, rows, now=0.0, lease_s=LEASE)
         if want is None:
             assert got is None
             continue
         assert got is not None
         assert [e.key for e in got.evicted] == want
+        if op != "reserve":
+            table.mark_copy(key)
         table.mark_ready(key)
+        if op == "pull":
+            _read(table, key)
+            model.read(key)
     assert {e.key for e in table.entries()} == set(model.rows)

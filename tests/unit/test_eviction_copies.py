@@ -12,7 +12,17 @@ from hypothesis import strategies as st
 from ec_connector.domain.cache import EntryTable
 from ec_connector.domain.errors import IllegalTransition
 from ec_connector.domain.eviction import FIFO, POLICIES, S3FIFO
-from tests.unit.test_eviction import LEASE, SETTINGS, S3Model, _evicted, _read, _ready, reserve_checked, seed
+from tests.unit.test_eviction import (
+    LEASE,
+    SETTINGS,
+    S3Model,
+    _evicted,
+    _read,
+    _ready,
+    follow_model,
+    reserve_checked,
+    seed,
+)
 
 
 def _copy(table: EntryTable, key: str, rows: int, *, loaded: bool = True) -> None:
@@ -132,32 +142,7 @@ class S3CopyModel(S3Model):
     )
 )
 def test_s3fifo_with_copies_evicts_as_the_reference_model(ops):
-    table = EntryTable(60, eviction=S3FIFO)
-    model = S3CopyModel(60)
-    for op, k, rows in ops:
-        key = f"k{k}"
-        if op == "read":
-            if key in table:
-                _read(table, key)
-                model.read(key)
-            continue
-        if key in table:
-            continue
-        # "pull": a copy and its request's load; "copy": one whose request never loaded it
-        want = model.reserve(key, rows) if op == "reserve" else model.reserve_copy(key, rows)
-        got = table.reserve(key, rows, now=0.0, lease_s=LEASE)
-        if want is None:
-            assert got is None
-            continue
-        assert got is not None
-        assert [e.key for e in got.evicted] == want
-        if op != "reserve":
-            table.mark_copy(key)
-        table.mark_ready(key)
-        if op == "pull":
-            _read(table, key)
-            model.read(key)
-    assert {e.key for e in table.entries()} == set(model.rows)
+    follow_model(EntryTable(60, eviction=S3FIFO), S3CopyModel(60), ops)
 
 
 @SETTINGS
