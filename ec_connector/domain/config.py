@@ -180,27 +180,32 @@ def parse_max_entry_runs(value: object) -> int:
     return value
 
 
-def parse_seconds(key: str, value: object) -> float:
+def _finite_number(key: str, value: object, form: str, finite_form: str | None = None) -> float:
+    """`value` as a finite float; ConfigError with `form` for anything but an int or float (a bool
+    is not a number here), with `finite_form` (default `form`) for an infinite or NaN one."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise reject(key, value, "a number of seconds > 0, e.g. 2.0")
+        raise reject(key, value, form)
     try:
-        seconds = float(value)  # an int too large for a float (JSON allows any) is refused here
+        number = float(value)  # an int too large for a float (JSON allows any) is refused here
     except OverflowError:
-        raise reject(key, value, "a finite number of seconds > 0, e.g. 2.0") from None
-    if not math.isfinite(seconds) or seconds <= 0:
-        raise reject(key, value, "a finite number of seconds > 0, e.g. 2.0")
+        raise reject(key, value, finite_form or form) from None
+    if not math.isfinite(number):
+        raise reject(key, value, finite_form or form)
+    return number
+
+
+def parse_seconds(key: str, value: object) -> float:
+    form = "a finite number of seconds > 0, e.g. 2.0"
+    seconds = _finite_number(key, value, "a number of seconds > 0, e.g. 2.0", form)
+    if seconds <= 0:
+        raise reject(key, value, form)
     return seconds
 
 
 def parse_step_ack_wait(value: object) -> float:
     form = f"a number of seconds from 0 to {MAX_STEP_ACK_WAIT_S} (0: no wait), e.g. {STEP_ACK_WAIT_S}"
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise reject("step_ack_wait_s", value, form)
-    try:
-        seconds = float(value)
-    except OverflowError:
-        raise reject("step_ack_wait_s", value, form) from None
-    if not 0 <= seconds <= MAX_STEP_ACK_WAIT_S:  # NaN fails both comparisons
+    seconds = _finite_number("step_ack_wait_s", value, form)
+    if not 0 <= seconds <= MAX_STEP_ACK_WAIT_S:
         raise reject("step_ack_wait_s", value, form)
     return seconds
 
@@ -380,13 +385,8 @@ def parse_fleet_config(extra: Mapping[str, Any], tier: ConnectorConfig) -> Fleet
 
 def _parse_figure(key: str, value: object, *, positive: bool, example: str) -> float:
     form = f"a finite number {'> 0' if positive else '>= 0'}, e.g. {example}"
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise reject(key, value, form)
-    try:
-        number = float(value)
-    except OverflowError:
-        raise reject(key, value, form) from None
-    if not math.isfinite(number) or number < 0 or (positive and number == 0):
+    number = _finite_number(key, value, form)
+    if number < 0 or (positive and number == 0):
         raise reject(key, value, form)
     return number
 
