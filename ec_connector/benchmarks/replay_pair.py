@@ -20,6 +20,7 @@ from __future__ import annotations
 import itertools
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from ec_connector.benchmarks.cache_sides import ABSENT, READY, OursSide
@@ -27,6 +28,45 @@ from ec_connector.benchmarks.cache_traces import ROW_BYTES, Item, Trace
 from ec_connector.domain.pull_rule import PullRule
 
 STEP_S = 0.02  # the replay's clock: one engine step
+
+
+@dataclass
+class _Replica:
+    """One replica's table and what its last step started: saves and pulls landing next step (the
+    item, and whether it is a pull), loads to unpin, peer grants to release."""
+
+    side: OursSide
+    to_ready: list[tuple[Item, bool]] = field(default_factory=list)
+    to_unpin: list[str] = field(default_factory=list)
+    to_release: list[tuple[str, int]] = field(default_factory=list)
+
+    def start_step(self, now: float) -> None:
+        """Last step's loads unpin (a `to_drop` copy is freed), its grants are released, and its
+        saves and pulls land (a pulled copy is then loaded)."""
+        self.side.tick(now)
+        table = self.side.table
+        drops = getattr(table._policy, "to_drop", ())
+        loads, self.to_unpin = self.to_unpin, []
+        for key in loads:
+            entry = table.unpin(key)
+            if key in drops and not entry.is_pinned:
+                table.drop(key)
+        grants, self.to_release = self.to_release, []
+        for key, gid in grants:
+            table.release_grant(key, gid)
+        saves, self.to_ready = self.to_ready, []
+        for item, pulled in saves:
+            if item.fails:
+                self.side.discard(item.key)
+                continue
+            self.side.ready(item.key)
+            if pulled:  # the pulling request loads the copy
+                self.load(item.key)
+
+    def load(self, key: str) -> None:
+        """A request loads `key` from this replica's table: pinned until the next step."""
+        self.side.pin(key)
+        self.to_unpin.append(key)
 
 
 def replay_pair(
@@ -46,28 +86,26 @@ def replay_pair(
     n = len(sides)
     assert n in (1, 2) and not (share and n == 1), "share needs two replicas"
     route = replica_of or (lambda k: k % n)
+    replicas = [_Replica(side) for side in sides]
     local = fleet = encodes = waits = 0
     encoded_rows = 0
     pull_s = 0.0
-    to_ready: list[list[tuple[Item, bool]]] = [[] for _ in sides]  # (item, is a pull)
-    to_unpin: list[list[str]] = [[] for _ in sides]
-    to_release: list[list[tuple[str, int]]] = [[] for _ in sides]
     grant_ids = itertools.count(1)
     ordinal = itertools.count()
     t0 = time.perf_counter()
     for step_no, step in enumerate(trace.steps):
         now = step_no * STEP_S
-        for r, side in enumerate(sides):
-            _settle_step(side, now, to_unpin, to_release, to_ready, r)
+        for replica in replicas:
+            replica.start_step(now)
         counted = step_no >= count_from
         for _, items in step.arrivals:
             r = route(next(ordinal))
-            side, other = sides[r], sides[1 - r] if share else None
+            here, other = replicas[r], replicas[1 - r] if share else None
+            side = here.side
             for item in items:
                 state = side.lookup(item.key)
                 if state == READY:
-                    side.pin(item.key)
-                    to_unpin[r].append(item.key)
+                    here.load(item.key)
                     local += counted
                     continue
                 if state != ABSENT:
@@ -76,15 +114,15 @@ def replay_pair(
                 size = item.rows * ROW_BYTES
                 if (
                     other is not None
-                    and other.lookup(item.key) == READY
+                    and other.side.lookup(item.key) == READY
                     and rule.worth(size, item.rows)
                     and side.alloc(item.key, item.rows)
                 ):
                     gid = next(grant_ids)
-                    other.table.grant(item.key, gid, now=now, lease_s=30.0)
-                    to_release[1 - r].append((item.key, gid))
+                    other.side.table.grant(item.key, gid, now=now, lease_s=30.0)
+                    other.to_release.append((item.key, gid))
                     side.table.mark_copy(item.key)
-                    to_ready[r].append((item, True))
+                    here.to_ready.append((item, True))
                     if counted:
                         fleet += 1
                         pull_s += rule.read_s(size)
@@ -93,7 +131,7 @@ def replay_pair(
                     encodes += 1
                     encoded_rows += item.rows
                 if side.table.get(item.key) is None and side.alloc(item.key, item.rows):
-                    to_ready[r].append((item, False))
+                    here.to_ready.append((item, False))
     served = local + fleet + encodes
     return {
         "local_hits": local,
@@ -108,35 +146,3 @@ def replay_pair(
         "work_s": encoded_rows * rule.encode_s_per_row + pull_s,
         "replay_s": time.perf_counter() - t0,
     }
-
-
-def _settle_step(
-    side: OursSide,
-    now: float,
-    to_unpin: list[list[str]],
-    to_release: list[list[tuple[str, int]]],
-    to_ready: list[list[tuple[Item, bool]]],
-    r: int,
-) -> None:
-    """Replica `r`'s start of a step: last step's loads unpin (a `to_drop` copy is freed), its
-    grants are released, and its saves and pulls land (a pulled copy is then loaded)."""
-    side.tick(now)
-    table = side.table
-    drops = getattr(table._policy, "to_drop", ())
-    loads, to_unpin[r] = to_unpin[r], []
-    for key in loads:
-        entry = table.unpin(key)
-        if key in drops and not entry.is_pinned:
-            table.drop(key)
-    grants, to_release[r] = to_release[r], []
-    for key, gid in grants:
-        table.release_grant(key, gid)
-    saves, to_ready[r] = to_ready[r], []
-    for item, pulled in saves:
-        if item.fails:
-            side.discard(item.key)
-            continue
-        side.ready(item.key)
-        if pulled:  # the pulling request loads the copy
-            side.pin(item.key)
-            to_unpin[r].append(item.key)
