@@ -39,6 +39,10 @@ from ec_connector.ports.runtime import Clock
 
 log = structlog.get_logger(__name__)
 
+_LANDING_POLL_S = 0.001
+"""How often `await_landed` looks at READs in flight: a READ's completion has no event to wait on,
+a pull lands in about a millisecond, and the control client's waits are whole milliseconds."""
+
 
 @dataclass(frozen=True, slots=True)
 class WantedItem:
@@ -172,6 +176,37 @@ class ConsumerFetcher:
             if left <= 0 or not self._control.wait(left):
                 return
             self.poll()
+
+    def await_landed(self, budget_s: float) -> float:
+        """Wait up to `budget_s` for the READs in flight and this step's asks to land or end
+        otherwise, handling acks and READ completions as they come; returns the seconds it waited.
+
+        Called while the step is scheduled, right after a request's pulls were asked for: a pull
+        from a peer nearby lands in a millisecond or two, and one that lands now lets vLLM schedule
+        its request in this step rather than the next. Asks of earlier steps still unanswered and
+        pulls backing off after NACK_NOT_READY are not waited for: their answers come later than
+        any such budget, and waiting on them would cost every step."""
+        started = self._clock.now()
+        if budget_s <= 0:
+            return 0.0
+        deadline = started + budget_s
+        # Bounded in rounds as well as in time, so a wait that returns at once cannot spin.
+        for _ in range(int(budget_s / _LANDING_POLL_S) + 2):
+            self.poll()
+            if not self._landing():
+                break
+            left = deadline - self._clock.now()
+            if left <= 0:
+                break
+            self._control.wait(min(left, _LANDING_POLL_S))  # an ack, a loss, or time to look at READs
+        return self._clock.now() - started
+
+    def _landing(self) -> bool:
+        """Whether a READ is in flight or an ask of this step awaits its ack."""
+        return any(
+            fetch.state is _State.READING or (fetch.state is _State.ASKING and key in self._asked)
+            for key, fetch in self._fetches.items()
+        )
 
     def _awaits_ack(self, key: str) -> bool:
         fetch = self._fetches.get(key)

@@ -255,6 +255,9 @@ class FleetFetcher:
     def await_acks(self, budget_s: float) -> None:
         self._fetcher.await_acks(budget_s)
 
+    def await_landed(self, budget_s: float) -> float:
+        return self._fetcher.await_landed(budget_s)
+
     def note_local(self, key: str) -> None:
         """vLLM allocated `key` in its own encoder cache (it is being encoded or loaded here): for a
         while vLLM may still hold it, so it is not pulled from peers (bounded, oldest dropped)."""

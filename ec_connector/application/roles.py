@@ -35,26 +35,42 @@ class Supply(Protocol):
 
     def await_acks(self, budget_s: float) -> None: ...
 
+    def await_landed(self, budget_s: float) -> float: ...
+
 
 class StepPolls:
-    """When the scheduler side polls its supply during an engine step.
+    """When the scheduler side polls and waits on its supply during an engine step.
 
     At the step's start (its first `ensure_cache_available`): once, so every request of the step
-    sees the same settled fetches. At its end (`build_connector_meta`): again while fetches are in
+    sees the same settled fetches. When a request's items are being pulled: up to what is left of
+    `pull_wait_s` (`step_pull_wait_s`, for the whole step) for them to land, so the request is
+    scheduled in this step. At its end (`build_connector_meta`): again while fetches are in
     flight, waiting up to `ack_wait_s` (`step_ack_wait_s`) for the acks of the asks made while
     the step was scheduled; handling an ack then posts its READ, whose bytes land during the
-    model's forward, so the request is ready at the next step instead of the one after (one step
-    of TTFT a pull).
+    model's forward, so the request is ready at the next step instead of the one after.
     """
 
-    def __init__(self, supply: Supply, ack_wait_s: float = 0.0) -> None:
+    def __init__(self, supply: Supply, ack_wait_s: float = 0.0, pull_wait_s: float = 0.0) -> None:
         self._supply = supply
         self._ack_wait_s = ack_wait_s
+        self._pull_wait_s = pull_wait_s
+        self._pull_left = pull_wait_s
         self._polled = False
+
+    def ensure_available(self, request_id: str, params: object, items: Sequence[WantedItem]) -> bool:
+        """The supply's answer for the request (False: defer it), once its pulls had their wait."""
+        self.step_started()
+        if self._supply.ensure_available(request_id, params, items):
+            return True
+        if self._pull_left <= 0:
+            return False
+        self._pull_left -= self._supply.await_landed(self._pull_left)
+        return self._supply.ensure_available(request_id, params, items)
 
     def step_started(self) -> None:
         if not self._polled:
             self._polled = True
+            self._pull_left = self._pull_wait_s
             self._supply.poll()
 
     def step_ended(self) -> None:
@@ -101,6 +117,9 @@ class LocalSupply:
 
     def await_acks(self, budget_s: float) -> None:
         pass
+
+    def await_landed(self, budget_s: float) -> float:
+        return 0.0
 
 
 class NoPublisher:

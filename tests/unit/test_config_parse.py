@@ -22,7 +22,7 @@ ALL_KEYS = (
     "nixl_backend, nixl_consumer_progress_thread, nixl_read_lanes, not_ready_backoff_max_s, "
     "not_ready_backoff_s, not_ready_give_up_s, producer_pin_lease_s, quarantine_s, read_timeout_s, "
     "save_lease_s, "
-    "side_channel_secret, step_ack_wait_s, tenant_scopes, ucx_error_mode"
+    "side_channel_secret, step_ack_wait_s, step_pull_wait_s, tenant_scopes, ucx_error_mode"
 )
 
 
@@ -54,7 +54,7 @@ def test_minimal_config_takes_every_documented_default():
     assert config.min_run_bytes == 256 * 1024
     assert config.max_entry_runs == 4
     assert config.tenant_scopes is True
-    assert config.step_ack_wait_s == 0.002
+    assert (config.step_ack_wait_s, config.step_pull_wait_s) == (0.002, 0.005)
     fleet = settings.fleet
     assert fleet.peers == () and not fleet.enabled
     assert fleet.heartbeat_timeout_s == 3.0

@@ -130,26 +130,29 @@ def test_min_run_bytes_negative_huge_or_not_an_int_is_refused(value):
         parse_tier(ec_min_run_bytes=value)
 
 
-# --- step_ack_wait_s ----------------------------------------------------------------------------
+# --- step_ack_wait_s, step_pull_wait_s ----------------------------------------------------------
 
 
-def test_step_ack_wait_defaults_to_two_milliseconds():
-    assert parse_tier().step_ack_wait_s == 0.002
+def test_step_waits_default_to_two_and_five_milliseconds():
+    config = parse_tier()
+    assert (config.step_ack_wait_s, config.step_pull_wait_s) == (0.002, 0.005)
 
 
+@pytest.mark.parametrize("key", ["step_ack_wait_s", "step_pull_wait_s"])
 @pytest.mark.parametrize("value", [0, 0.0005, 0.002, 0.1])
-def test_step_ack_wait_takes_seconds_from_0_to_a_tenth(value):
-    assert parse_tier(step_ack_wait_s=value).step_ack_wait_s == value
+def test_step_waits_take_seconds_from_0_to_a_tenth(key, value):
+    assert getattr(parse_tier(**{key: value}), key) == value
 
 
+@pytest.mark.parametrize(("key", "example"), [("step_ack_wait_s", "0.002"), ("step_pull_wait_s", "0.005")])
 @pytest.mark.parametrize("value", [-0.001, 0.2, math.nan, math.inf, "0.002", True, None, 10**400])
-def test_step_ack_wait_negative_long_or_not_a_number_is_refused(value):
+def test_step_waits_negative_long_or_not_a_number_are_refused(key, example, value):
     shown = "<an integer of 1329 bits>" if value == 10**400 else repr(value)
     with rejects(
-        f"ec_connector_extra_config['step_ack_wait_s'] = {shown} is invalid: expected a number of "
-        "seconds from 0 to 0.1 (0: no wait), e.g. 0.002"
+        f"ec_connector_extra_config['{key}'] = {shown} is invalid: expected a number of "
+        f"seconds from 0 to 0.1 (0: no wait), e.g. {example}"
     ):
-        parse_tier(step_ack_wait_s=value)
+        parse_tier(**{key: value})
 
 
 # --- ec_max_entry_runs --------------------------------------------------------------------------

@@ -87,7 +87,7 @@ class ECTierConnector(ECConnectorBase):
             side = self._container.scheduler_side()
             self._scheduler, self._supply, self._publisher = side.tier, side.supply, side.publisher
             self._scopes, self._fleet = side.scopes, side.fleet
-            self._polls = StepPolls(side.supply, config.tier.step_ack_wait_s)
+            self._polls = StepPolls(side.supply, config.tier.step_ack_wait_s, config.tier.step_pull_wait_s)
             self._stats = self._container.stats()
         else:
             self._container = build_container(config, **vllm_settings.worker_settings(vllm_config, config))
@@ -130,11 +130,10 @@ class ECTierConnector(ECConnectorBase):
         return key is not None and self._scheduler.has_item(key)
 
     def ensure_cache_available(self, request: Request, num_computed_tokens: int) -> bool:
-        self._polls.step_started()
         keys = self._scopes.enter(request.cache_salt, [f.identifier for f in request.mm_features])
         # the items are listed only if the supply reads them (a LocalSupply never does)
         items = _Lazy(lambda: self._wanted(request, num_computed_tokens, keys))
-        return self._supply.ensure_available(request.request_id, request.ec_transfer_params, items)
+        return self._polls.ensure_available(request.request_id, request.ec_transfer_params, items)
 
     def _wanted(
         self, request: Request, num_computed_tokens: int, keys: Mapping[str, str]
