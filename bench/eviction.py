@@ -39,6 +39,7 @@ from bench.cache_traces import SOURCES, Trace, make_trace  # noqa: E402
 from bench.eviction_adaptive import LeCarPolicy  # noqa: E402
 from bench.eviction_candidates import ClockPolicy, LfuPolicy, TinyLfuS3FifoPolicy  # noqa: E402
 from bench.eviction_offline import miss_ratio_bound  # noqa: E402
+from bench.eviction_wtinylfu import WTinyLfuPolicy  # noqa: E402
 from bench.vllm_baseline import BaselineUnavailable, load  # noqa: E402
 from ec_connector.benchmarks.output import pyplot, write_json  # noqa: E402
 from ec_connector.benchmarks.replay import (  # noqa: E402
@@ -49,7 +50,18 @@ from ec_connector.benchmarks.replay import (  # noqa: E402
 )
 from ec_connector.domain import eviction  # noqa: E402
 
-CANDIDATES = ("fifo", "s3fifo", "clock", "s3fifo-paper", "s3fifo-tinylfu", "lfu", "lfu-fast-aging", "lecar")
+CANDIDATES = (
+    "fifo",
+    "s3fifo",
+    "clock",
+    "s3fifo-paper",
+    "s3fifo-tinylfu",
+    "lfu",
+    "lfu-fast-aging",
+    "lecar",
+    "wtinylfu",
+)
+WTINYLFU_VARIANTS: dict[str, dict[str, Any]] = {"wtinylfu": {}}
 FRACTIONS = (0.05, 0.10, 0.15, 0.25, 0.50)
 TARGET_FRACTIONS = (0.10, 0.15, 0.25)
 TARGET_RATIO = 0.85
@@ -77,6 +89,8 @@ def _ours(policy: str) -> Callable[[int], OursSide]:
             table._policy = LfuPolicy(num_blocks, evictable, age=1.0)
         elif policy == "lecar":
             table._policy = LeCarPolicy(num_blocks, evictable)
+        elif policy in WTINYLFU_VARIANTS:
+            table._policy = WTinyLfuPolicy(num_blocks, evictable, **WTINYLFU_VARIANTS[policy])
         else:
             table._policy = eviction.make_policy(
                 policy, num_blocks=num_blocks, evictable=evictable, min_compact=64

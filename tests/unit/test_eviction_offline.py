@@ -20,6 +20,7 @@ from bench.eviction_offline import (
     miss_ratio_bound,
     request_positions,
 )
+from bench.eviction_wtinylfu import WTinyLfuPolicy
 from ec_connector.domain.cache import EntryTable
 from ec_connector.domain.eviction import EvictionPolicy
 from tests.unit.test_eviction import check_blocks, reserve_checked, seed
@@ -78,7 +79,7 @@ def test_belady_evicts_the_entry_requested_farthest_ahead():
 
 # --- the candidates keep the table's guarantees -------------------------------------------------
 
-CANDIDATES = ["clock", "s3fifo-tinylfu", "lfu", "lecar", "lecar-lru"]
+CANDIDATES = ["clock", "s3fifo-tinylfu", "lfu", "lecar", "lecar-lru", "wtinylfu"]
 KINDS = ["ready", "ready", "read", "pinned", "granted", "announced", "not_ready", "quarantined"]
 
 
@@ -92,6 +93,8 @@ def _candidate(name: str, table: EntryTable) -> EvictionPolicy:
         # (and stays) with nearly every victim the LRU expert's, "lecar" alternates the two experts
         lru_weight = 0.99 if name == "lecar-lru" else 0.5
         return LeCarPolicy(num_blocks, table._evictable, age=0.05, history_share=0.5, lru_weight=lru_weight)
+    if name == "wtinylfu":  # a window of a fifth, a sample of 64 requests: the climber moves it
+        return WTinyLfuPolicy(num_blocks, table._evictable, window_share=0.2, sample=0.5)
     return TinyLfuS3FifoPolicy(num_blocks, table._evictable, min_compact=8)
 
 
