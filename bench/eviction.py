@@ -36,8 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.cache_sides import BaselineSide, OursSide  # noqa: E402
 from bench.cache_traces import SOURCES, Trace, make_trace  # noqa: E402
-from bench.eviction_adaptive import LeCarPolicy  # noqa: E402
-from bench.eviction_candidates import ClockPolicy, LfuPolicy, TinyLfuS3FifoPolicy  # noqa: E402
+from bench.eviction_candidates import ClockPolicy, TinyLfuS3FifoPolicy  # noqa: E402
 from bench.eviction_offline import miss_ratio_bound  # noqa: E402
 from bench.eviction_wtinylfu import WTinyLfuPolicy  # noqa: E402
 from bench.vllm_baseline import BaselineUnavailable, load  # noqa: E402
@@ -49,6 +48,7 @@ from ec_connector.benchmarks.replay import (  # noqa: E402
     request_positions,
 )
 from ec_connector.domain import eviction  # noqa: E402
+from ec_connector.domain.eviction_lecar import LeCarPolicy, LfuPolicy  # noqa: E402
 
 CANDIDATES = (
     "fifo",

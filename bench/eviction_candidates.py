@@ -4,9 +4,9 @@
   in place instead of moving it to the back).
 - `s3fifo-tinylfu`: S3-FIFO with a TinyLFU admission filter (a count-min sketch with aging)
   between its small and main queues.
-- `lfu`: least frequently used first, with bounded history: counts (capped at 15) of the entries
-  and of a ghost of evicted keys, all halved every `age x` tracked keys' accesses.
+- `FrequencySketch`: the count-min sketch of TinyLFU, also W-TinyLFU's (bench/eviction_wtinylfu.py).
 
+(`lfu`, the LFU expert of the shipped `lecar`, is `ec_connector.domain.eviction_lecar.LfuPolicy`.)
 Each follows `ec_connector.domain.eviction.EvictionPolicy`, so the bench swaps it into our
 EntryTable and the table's guarantees (pins, leases, protection, run floor) hold as for the
 shipped ones. docs/eviction.md gives their figures and why none ships.
@@ -14,9 +14,7 @@ shipped ones. docs/eviction.md gives their figures and why none ships.
 
 from __future__ import annotations
 
-import heapq
 import zlib
-from collections import OrderedDict, deque
 from collections.abc import Container, Mapping
 
 from ec_connector.domain.entries import Entry
@@ -242,130 +240,3 @@ class TinyLfuS3FifoPolicy(S3FifoPolicy):
                 node.reads -= 1
             self._append(node)
         return None
-
-
-LFU_CAP = 15
-
-
-class _Counted:
-    __slots__ = ("entry", "count", "stamp")
-
-    def __init__(self, entry: Entry, count: int) -> None:
-        self.entry = entry
-        self.count = count
-        self.stamp = 0  # 0: not queued (never READY, or just taken as a victim); -1: freed
-
-
-class LfuPolicy:
-    """Least frequently used first, oldest first among equal counts. A reservation counts 1 (plus
-    the count its key had when it was evicted, if still in the ghost), a read 1 more, capped at
-    `LFU_CAP`. Evicted keys keep their count in a ghost of up to `ghost_share` x the region's
-    blocks. Every `age x tracked keys` accesses all counts are halved (O(tracked keys), so O(1)
-    amortised), so old popularity fades. One queue per count with lazy deletion: a victim costs
-    at most the 16 queues' fronts plus the held entries it passes. Not shipped: docs/eviction.md."""
-
-    name = "lfu"
-
-    def __init__(
-        self, num_blocks: int, evictable: Mapping[str, Entry], *, ghost_share: float = 4.0, age: float = 10.0
-    ) -> None:
-        self._evictable = evictable
-        self._nodes: dict[str, _Counted] = {}
-        self._queues: list[deque[tuple[int, _Counted]]] = [deque() for _ in range(LFU_CAP + 1)]
-        self._stamp = 0
-        self._ghost: OrderedDict[str, tuple[int, int]] = OrderedDict()  # key -> (rows, count)
-        self._ghost_rows = 0
-        self._ghost_limit = max(1, int(num_blocks * ghost_share))
-        self._age = age
-        self._accesses = 0
-
-    def reserved(self, entry: Entry) -> None:
-        rows_count = self._ghost.pop(entry.key, None)
-        count = 1
-        if rows_count is not None:
-            self._ghost_rows -= rows_count[0]
-            count = min(LFU_CAP, rows_count[1] + 1)
-        self._nodes[entry.key] = _Counted(entry, count)
-        self._accessed()
-
-    def read(self, entry: Entry) -> None:
-        node = self._nodes[entry.key]
-        if node.count < LFU_CAP:
-            node.count += 1
-            if node.stamp > 0:
-                self._push(node)  # to its new count's queue; the old item is stale now
-        self._accessed()
-
-    def listed(self, entry: Entry) -> None:
-        node = self._nodes[entry.key]
-        if node.stamp <= 0:
-            self._push(node)
-
-    def freed(self, entry: Entry) -> None:
-        node = self._nodes.pop(entry.key)
-        node.stamp = -1
-        self._ghost[entry.key] = (entry.rows, node.count)
-        self._ghost_rows += entry.rows
-        while self._ghost_rows > self._ghost_limit:
-            _, (rows, _count) = self._ghost.popitem(last=False)
-            self._ghost_rows -= rows
-
-    def victims(self, needed: int, protect: Container[str]) -> list[Entry]:
-        out: list[Entry] = []
-        while needed > 0:
-            node = self._next(protect)
-            assert node is not None, "victims() called with too few evictable blocks"
-            node.stamp = 0
-            out.append(node.entry)
-            needed -= node.entry.rows
-        return out
-
-    def queued(self) -> int:
-        return sum(len(q) for q in self._queues)
-
-    def rank(self, entry: Entry) -> tuple[int, int]:
-        node = self._nodes[entry.key]
-        return (node.count, node.stamp)
-
-    def _next(self, protect: Container[str]) -> _Counted | None:
-        evictable = self._evictable
-        for queue in self._queues:
-            for _ in range(len(queue)):
-                stamp, node = queue.popleft()
-                if node.stamp != stamp:
-                    continue  # stale
-                entry = node.entry
-                if evictable.get(entry.key) is entry and entry.key not in protect:
-                    return node
-                queue.append((stamp, node))  # held for now: it goes round
-        return None
-
-    def _push(self, node: _Counted) -> None:
-        self._stamp += 1
-        node.stamp = self._stamp
-        queue = self._queues[node.count]
-        queue.append((self._stamp, node))
-        if len(queue) > 64 + 2 * len(self._nodes):
-            live = [(s, n) for s, n in queue if n.stamp == s]
-            queue.clear()
-            queue.extend(live)
-
-    def _accessed(self) -> None:
-        self._accesses += 1
-        if self._accesses < self._age * max(64, len(self._nodes) + len(self._ghost)):
-            return
-        self._accesses = 0
-        for key, (rows, count) in self._ghost.items():
-            self._ghost[key] = (rows, count >> 1)
-        old = self._queues
-        for node in self._nodes.values():
-            node.count >>= 1
-        # counts 2k and 2k+1 become k: merging their queues (each in stamp order) keeps the order
-        self._queues = [
-            deque(i for i in heapq.merge(*old[2 * k : 2 * k + 2], key=_stamp_of) if i[1].stamp == i[0])
-            for k in range(LFU_CAP + 1)
-        ]
-
-
-def _stamp_of(item: tuple[int, _Counted]) -> int:
-    return item[0]

@@ -20,6 +20,9 @@ protected by the caller) and how many blocks it needs; a policy only orders them
   read once. So replicas that share a working set keep one copy of it (the encoder's, whose
   peer READs count as reads), and their regions together hold nearly what one region of the
   same bytes would (`bench/fleet_replay.py`, docs/fleet.md).
+- `lecar` (ec_connector/domain/eviction_lecar.py): LRU and LFU as two experts weighted by how
+  often their evictions were wanted again; fewer misses than `s3fifo` where popularity is stable
+  or drifts, more on a trace of one-off bursts' neighbours (docs/eviction.md).
 
 Both are O(1) amortised per table operation (`fifo`: O(log entries) per victim) and never scan the
 table: the queues are deques (or a heap) of entries with lazy deletion, compacted when stale items
@@ -37,7 +40,8 @@ from ec_connector.domain.entries import Entry
 
 FIFO = "fifo"
 S3FIFO = "s3fifo"
-POLICIES = (FIFO, S3FIFO)
+LECAR = "lecar"
+POLICIES = (FIFO, S3FIFO, LECAR)
 """Accepted values of `ec_eviction`."""
 
 DEFAULT_POLICY = S3FIFO
@@ -99,6 +103,10 @@ def make_policy(
         return FifoPolicy(evictable, min_compact=min_compact)
     if name == S3FIFO:
         return S3FifoPolicy(num_blocks, evictable, min_compact=min_compact)
+    if name == LECAR:
+        from ec_connector.domain.eviction_lecar import LeCarPolicy  # it imports nothing of this module
+
+        return LeCarPolicy(num_blocks, evictable)
     raise ValueError(f"unknown eviction policy {name!r}: expected one of {', '.join(POLICIES)}")
 
 

@@ -4,8 +4,8 @@ table's guarantees (the property test of every candidate is in test_eviction_off
 
 from __future__ import annotations
 
-from bench.eviction_adaptive import LeCarPolicy
 from ec_connector.domain.cache import EntryTable
+from ec_connector.domain.eviction_lecar import LeCarPolicy
 
 LEASE = 100.0
 

@@ -10,8 +10,7 @@ from hypothesis import strategies as st
 
 from bench.cache_traces import Trace, make_trace
 from bench.eviction import _belady, _ours, replay_hits
-from bench.eviction_adaptive import LeCarPolicy
-from bench.eviction_candidates import ClockPolicy, LfuPolicy, TinyLfuS3FifoPolicy
+from bench.eviction_candidates import ClockPolicy, TinyLfuS3FifoPolicy
 from bench.eviction_offline import (
     BeladyPolicy,
     RequestClock,
@@ -23,6 +22,7 @@ from bench.eviction_offline import (
 from bench.eviction_wtinylfu import WTinyLfuPolicy
 from ec_connector.domain.cache import EntryTable
 from ec_connector.domain.eviction import EvictionPolicy
+from ec_connector.domain.eviction_lecar import LeCarPolicy, LfuPolicy
 from tests.unit.test_eviction import check_blocks, reserve_checked, seed
 
 LEASE = 100.0

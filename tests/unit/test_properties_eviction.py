@@ -7,6 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from ec_connector.domain.cache import EntryTable
+from ec_connector.domain.eviction_lecar import LeCarPolicy
 from tests.unit.property_checks import SETTINGS
 
 entry_kinds = st.sampled_from(
@@ -94,3 +95,61 @@ def test_an_entry_read_is_evicted_after_every_entry_not_read_since(sizes, reads,
         expected.append(key)
         free += sizes[int(key[1:])]
     assert res is not None and [e.key for e in res.evicted] == expected
+
+
+# --- `lecar`: with its weights held, its victims are those of its expert's plain model ------------
+
+lecar_ops = st.lists(
+    st.tuples(st.sampled_from(["new", "read"]), st.integers(0, 30), st.integers(1, 3)), max_size=60
+)
+
+
+@SETTINGS
+@given(ops=lecar_ops, expert=st.sampled_from(["lru", "lfu"]))
+def test_lecar_with_its_weight_held_evicts_as_its_experts_reference_model(ops, expert):
+    """Learning rate 0 and no floor under the weights hold the weight: at 1 every victim is the
+    LRU expert's (least recently listed or read first), at 0 the LFU expert's (fewest
+    reservations + reads, counting those of an evicted key's earlier stays; among equals the one
+    whose count last changed first). Counts are never halved here (the trace is shorter than the
+    aging period)."""
+    table = EntryTable(12)
+    weight = 1.0 if expert == "lru" else 0.0
+    table._policy = LeCarPolicy(
+        12, table._evictable, learning_rate=0.0, lru_weight=weight, min_weight=0.0, age=1000.0
+    )
+    clock = 0
+    last: dict[str, int] = {}  # key -> when listed first or read last (both experts' tie order)
+    counts: dict[str, int] = {}  # key -> reservations + reads, kept after eviction (the ghost)
+    rows_of: dict[str, int] = {}
+    for n, (op, k, rows) in enumerate(ops):
+        clock += 1
+        if op == "read":
+            live = sorted(rows_of)
+            if not live:
+                continue
+            key = live[k % len(live)]
+            table.pin(key)
+            table.unpin(key)
+            counts[key] += 1
+            last[key] = clock
+            continue
+        key = f"k{k % 8}"  # an evicted key may come back: its count goes on from the ghost
+        if key in rows_of:
+            key = f"n{n}"
+        free = table.blocks.free_blocks
+        order = sorted(rows_of, key=lambda x: (last[x],) if expert == "lru" else (counts[x], last[x]))
+        expected = []
+        for victim in order:
+            if rows <= free:
+                break
+            expected.append(victim)
+            free += rows_of[victim]
+        res = table.reserve(key, rows, now=0.0, lease_s=100.0)
+        assert res is not None
+        assert [e.key for e in res.evicted] == expected
+        for victim in expected:
+            del rows_of[victim]
+        table.mark_ready(key)
+        rows_of[key] = rows
+        counts[key] = counts.get(key, 0) + 1
+        last[key] = clock
