@@ -7,13 +7,15 @@ items), and through vLLM's EmbeddingCache where vLLM imports (`.venv-vllm`):
     .venv/bin/python bench/eviction.py --json out/eviction.json --plot docs/img/eviction_miss_ratio.png
     .venv-vllm/bin/python bench/eviction.py --quick     # with vLLM's EmbeddingCache; ~1 min
 
-Policies: `fifo` and `s3fifo` as shipped (domain/eviction.py), and the candidates tried beside
-them (bench/eviction_candidates.py): `clock` (CLOCK / SIEVE-like), `s3fifo-paper` (S3-FIFO with
-the paper's ghost of a whole region and a read count capped at 3), `s3fifo-tinylfu` (S3-FIFO with
-a TinyLFU admission filter), `lfu` and `lfu-fast-aging` (least frequently used with a ghost of
-counts, halved every 10x / 1x the tracked keys' accesses), and `lecar` (bench/eviction_adaptive.py:
-LRU and `lfu` as two experts, each eviction following the one whose past evictions were wanted
-again least, weights learnt from the policy's own misses). Offline references:
+Policies: `fifo`, `s3fifo` and `lecar` as shipped (domain/eviction.py, domain/eviction_lecar.py:
+`lecar` is LRU and `lfu` as two experts, each eviction following the one whose past evictions
+were wanted again least, weights learnt from the policy's own misses), and the candidates tried
+beside them (bench/eviction_candidates.py): `clock` (CLOCK / SIEVE-like), `s3fifo-paper`
+(S3-FIFO with the paper's ghost of a whole region and a read count capped at 3), `s3fifo-tinylfu`
+(S3-FIFO with a TinyLFU admission filter), `lfu` and `lfu-fast-aging` (least frequently used with
+a ghost of counts, halved every 10x / 1x the tracked keys' accesses; domain/eviction_lecar.py),
+and `wtinylfu` (bench/eviction_wtinylfu.py: W-TinyLFU with Caffeine's hill-climbing window).
+Offline references:
 `belady` (farthest next request first, in our table; ec_connector/benchmarks/replay.py) and
 `bound` (a lower bound on every policy's miss ratio; bench/eviction_offline.py). The driver
 (replay.py's `replay_hits`) is compare_cache's step loop without the per-step lookups of live

@@ -1,4 +1,4 @@
-"""The adaptive eviction candidate `lecar` (bench/eviction_adaptive.py): its weights follow the
+"""The adaptive eviction policy `lecar` (ec_connector/domain/eviction_lecar.py): its weights follow the
 expert whose evictions are not wanted again, its victims are that expert's, and it keeps the
 table's guarantees (the property test of every candidate is in test_eviction_offline.py)."""
 
