@@ -364,8 +364,10 @@ def _fleet_fetcher(
     engine_id: str,
     stats: FleetStats,
     feed: object,
+    encoder_cache_rows: int,
 ) -> FleetFetcher:
-    """The fleet's supply; `feed` is asked for so that the subscriber runs once the fetcher does."""
+    """The fleet's supply; `feed` is asked for so that the subscriber runs once the fetcher does;
+    `encoder_cache_rows`: the size of vLLM's encoder cache, in rows."""
     fleet = config.fleet
     rule = PullRule(
         encode_s_per_row=fleet.encode_us_per_row * 1e-6,
@@ -381,6 +383,7 @@ def _fleet_fetcher(
         engine_id=engine_id,
         stats=stats,
         max_pulls_in_flight=fleet.max_pulls_in_flight,
+        recent_local_rows=encoder_cache_rows,
     )
 
 
@@ -477,6 +480,7 @@ class Container(containers.DeclarativeContainer):
         settings.instance,
         fleet_stats,
         fleet_feed,
+        settings.encoder_cache_rows,
     )
     supply: providers.Provider[Supply] = providers.Selector(
         providers.Callable(_supply_mode, config),
@@ -554,6 +558,7 @@ DEFAULTS: dict[str, object] = {
     "fingerprint": "",
     "side_host": DEFAULT_SIDE_CHANNEL_HOST,
     "side_port": DEFAULT_SIDE_CHANNEL_PORT,
+    "encoder_cache_rows": 8192,
 }
 
 

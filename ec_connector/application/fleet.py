@@ -229,7 +229,7 @@ class FleetFetcher:
         engine_id: str,
         stats: FleetStats,
         max_pulls_in_flight: int = 64,
-        recent_local_items: int = 4096,
+        recent_local_rows: int = 8192,
     ) -> None:
         self._tier = tier
         self._fetcher = fetcher
@@ -238,8 +238,9 @@ class FleetFetcher:
         self._rule = rule
         self._engine_id = engine_id
         self._max_in_flight = max_pulls_in_flight
-        self._recent_cap = recent_local_items
-        self._recent: OrderedDict[str, None] = OrderedDict()
+        self._recent_cap = recent_local_rows
+        self._recent: OrderedDict[str, int] = OrderedDict()  # key -> rows, oldest allocation first
+        self._recent_rows = 0
         self._pulls: dict[str, str] = {}  # key -> the peer it is pulled from
         self.stats = stats
 
@@ -258,13 +259,16 @@ class FleetFetcher:
     def await_landed(self, budget_s: float) -> float:
         return self._fetcher.await_landed(budget_s)
 
-    def note_local(self, key: str) -> None:
-        """vLLM allocated `key` in its own encoder cache (it is being encoded or loaded here): for a
-        while vLLM may still hold it, so it is not pulled from peers (bounded, oldest dropped)."""
-        self._recent[key] = None
-        self._recent.move_to_end(key)
-        if len(self._recent) > self._recent_cap:
-            self._recent.popitem(last=False)
+    def note_local(self, key: str, rows: int) -> None:
+        """vLLM allocated `key` (`rows` encoder rows) in its own encoder cache: it is being encoded
+        or loaded here, and vLLM may hold it until its cache's rows are reused, so it is not pulled
+        from peers meanwhile. The window is vLLM's encoder cache (`recent_local_rows`: its size in
+        rows), oldest allocation dropped first: an item allocated longer ago than that has left
+        vLLM's cache, and a miss on it may be served by a peer."""
+        self._recent_rows += rows - self._recent.pop(key, 0)
+        self._recent[key] = rows
+        while self._recent_rows > self._recent_cap and len(self._recent) > 1:
+            self._recent_rows -= self._recent.popitem(last=False)[1]
 
     def ensure_available(self, request_id: str, params: object, items: Sequence[WantedItem]) -> bool:
         """As `ConsumerFetcher.ensure_available`, with fleet pulls added for the items that neither

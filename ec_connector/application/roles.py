@@ -89,13 +89,13 @@ class Publisher(Protocol):
 class Allocations(Protocol):
     """Hears which items vLLM allocated here (FleetFetcher's `note_local`)."""
 
-    def note_local(self, key: str) -> None: ...
+    def note_local(self, key: str, rows: int) -> None: ...
 
 
 class NoFleet:
     """The allocations listener of a replica without fleet peers: nothing to note."""
 
-    def note_local(self, key: str) -> None:
+    def note_local(self, key: str, rows: int) -> None:
         pass
 
 

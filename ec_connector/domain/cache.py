@@ -88,7 +88,7 @@ _MIN_COMPACT = 64  # a heap is not rebuilt below this many items
 
 class EntryTable:
     """Entries of one region, keyed by identifier, in reservation order; evicted in the order of
-    the eviction policy named `eviction` (`domain/eviction.py`: "fifo", "s3fifo")."""
+    the eviction policy named `eviction` (`domain/eviction.py`: "fifo", "s3fifo", "lecar")."""
 
     def __init__(self, num_blocks: int, *, min_run: int = 1, max_runs: int = 0, eviction: str = FIFO) -> None:
         if min_run <= 0:

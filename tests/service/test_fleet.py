@@ -40,7 +40,9 @@ CHEAP = PullRule(encode_s_per_row=1.0)  # every pull is worth it: the flows, not
 class Fleet:
     """Replica A (serves) and replica B (pulls), joined by memory control and data planes."""
 
-    def __init__(self, *, rule: PullRule = CHEAP, b_blocks: int = 64, **config: object) -> None:
+    def __init__(
+        self, *, rule: PullRule = CHEAP, b_blocks: int = 64, encoder_cache_rows: int = 8192, **config: object
+    ) -> None:
         self.clock = ManualClock(100.0)
         self.world, self.net = MemoryPeerWorld(), MemoryNetwork()
         self.a = Engine(role=Role.BOTH, clock=self.clock, **config)
@@ -86,6 +88,7 @@ class Fleet:
             rule=rule,
             engine_id="replica-b",
             stats=self.stats,
+            recent_local_rows=encoder_cache_rows,
         )
         self.fetcher = fetcher
         self.delivered = 0
@@ -285,9 +288,25 @@ def test_a_pull_that_is_not_worth_it_is_not_started():
 def test_an_item_vllm_allocated_here_recently_is_not_pulled():
     fleet = Fleet()
     fleet.encode_on_a([("img", 4)])
-    fleet.fleet.note_local("img")
+    fleet.fleet.note_local("img", 4)
     assert fleet.ensure([("img", 4)]) is True
     assert fleet.net.sent == [] and fleet.stats.skipped_recent_local == 1
+
+
+def test_an_item_allocated_here_longer_ago_than_vllms_encoder_cache_holds_is_pulled():
+    fleet = Fleet(encoder_cache_rows=12)  # vLLM's encoder cache: three items of 4 rows
+    fleet.encode_on_a([("img", 4)])
+    fleet.fleet.note_local("img", 4)
+    for key in ("x1", "x2"):
+        fleet.fleet.note_local(key, 4)
+    fleet.fleet.note_local("img", 4)  # allocated again: the newest once more
+    fleet.fleet.note_local("x3", 4)
+    assert fleet.ensure([("img", 4)]) is True  # still within the last 12 rows allocated
+    assert fleet.stats.skipped_recent_local == 1 and fleet.net.sent == []
+    for key in ("x4", "x5"):
+        fleet.fleet.note_local(key, 4)
+    assert fleet.ensure([("img", 4)]) is False  # out of vLLM's cache by now: pulled from A
+    assert fleet.stats.pulls_started == 1 and len(fleet.net.sent) == 1
 
 
 def test_a_record_whose_size_differs_from_the_items_is_not_pulled():

@@ -166,8 +166,9 @@ class ECTierConnector(ECConnectorBase):
     def update_state_after_alloc(self, request: Request, index: int) -> None:
         feature = request.mm_features[index]
         key = self._scopes.key(request.cache_salt, feature.identifier)
-        self._scheduler.on_allocated(key, feature.mm_position.get_num_embeds())
-        self._fleet.note_local(key)
+        rows = feature.mm_position.get_num_embeds()
+        self._scheduler.on_allocated(key, rows)
+        self._fleet.note_local(key, rows)
 
     def build_connector_meta(self, scheduler_output: SchedulerOutput) -> ECConnectorMetadata:
         plan = self._scheduler.take_plan()

@@ -85,7 +85,15 @@ def base_settings(vllm_config: Any, config: Settings) -> dict[str, Any]:
 
 
 def scheduler_settings(vllm_config: Any, config: Settings) -> dict[str, Any]:
-    return {**base_settings(vllm_config, config), "slot": 0, "rank": 0, "writer": False, "device": "cpu"}
+    return {
+        **base_settings(vllm_config, config),
+        "slot": 0,
+        "rank": 0,
+        "writer": False,
+        "device": "cpu",
+        # vLLM's encoder cache, in rows: what it may still hold of the items it allocated
+        "encoder_cache_rows": int(vllm_config.scheduler_config.encoder_cache_size),
+    }
 
 
 def worker_settings(vllm_config: Any, config: Settings) -> dict[str, Any]:
