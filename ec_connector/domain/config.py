@@ -71,7 +71,10 @@ class ConnectorConfig:
     producer_pin_lease_s: float = 30.0
     announce_lease_s: float = 60.0
     save_lease_s: float = 30.0
-    not_ready_backoff_s: float = 0.05
+    not_ready_backoff_s: float = 0.005
+    """First retry delay after NACK_NOT_READY, doubling each retry: a producer answers that when a
+    consumer asks within milliseconds of the save's launch, and the save lands a few milliseconds
+    later, so a first retry sooner than one engine step spares the request most of its wait."""
     not_ready_backoff_max_s: float = 1.0
     not_ready_give_up_s: float = 10.0
     step_ack_wait_s: float = STEP_ACK_WAIT_S

@@ -42,7 +42,7 @@ def test_minimal_config_takes_every_documented_default():
     assert config.producer_pin_lease_s == 30.0
     assert config.announce_lease_s == 60.0
     assert config.save_lease_s == 30.0
-    assert config.not_ready_backoff_s == 0.05
+    assert config.not_ready_backoff_s == 0.005
     assert config.not_ready_backoff_max_s == 1.0
     assert config.not_ready_give_up_s == 10.0
     assert settings.nixl.backend == "UCX"

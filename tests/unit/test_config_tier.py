@@ -243,10 +243,10 @@ def test_positive_seconds_value_is_accepted(key, value):
 
 def test_backoff_max_below_backoff_is_rejected():
     with rejects(
-        "ec_connector_extra_config['not_ready_backoff_max_s'] = 0.01 is invalid: expected a "
-        "number >= not_ready_backoff_s (0.05)"
+        "ec_connector_extra_config['not_ready_backoff_max_s'] = 0.001 is invalid: expected a "
+        "number >= not_ready_backoff_s (0.005)"
     ):
-        parse_tier(not_ready_backoff_max_s=0.01)
+        parse_tier(not_ready_backoff_max_s=0.001)
 
 
 def test_backoff_above_the_default_max_is_rejected():
