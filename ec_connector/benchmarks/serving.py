@@ -186,8 +186,9 @@ def plan_fill(notes: dict[str, Any]) -> str:
 def epd_spec(args: argparse.Namespace, spec: dict[str, Any], run_id: str, tag: str) -> dict[str, Any]:
     """E→PD: the consumer takes the arm's connector as ec_consumer; a producer engine is added."""
     arm, region = spec["arm"], args.region_mib * MiB
-    spec["connector"] = connector_config(arm, region, f"bench-{run_id}-{tag}-pd", "ec_consumer")
-    spec["producer_connector"] = connector_config(arm, region, f"bench-{run_id}-{tag}-e", "ec_producer")
+    base, extra = f"bench-{run_id}-{tag}", args.ours_extra
+    spec["connector"] = connector_config(arm, region, f"{base}-pd", "ec_consumer", extra)
+    spec["producer_connector"] = connector_config(arm, region, f"{base}-e", "ec_producer", extra)
     spec["producer_engine"] = {
         **spec["engine"],
         "gpu_memory_utilization": args.epd_producer_mem,
@@ -330,7 +331,9 @@ def run_rounds(
                 # fleet arms name their replicas' connectors instead (fleet_spec)
                 "connector": None
                 if mode == "fleet"
-                else connector_config(arm, args.region_mib * MiB, f"bench-{run_id}-{tag}"),
+                else connector_config(
+                    arm, args.region_mib * MiB, f"bench-{run_id}-{tag}", ours_extra=args.ours_extra
+                ),
                 "engine": engine_args(args, model, max_pixels),
                 "workloads": mine,
                 "arrival": {"rate": args.rate} if args.rate else {"concurrency": args.concurrency},
@@ -360,6 +363,17 @@ def report(args: argparse.Namespace) -> int:
         serving_report.plot(runs, Path(args.png))
         print(f"wrote {args.png}")
     return 0
+
+
+def json_object(text: str) -> dict[str, Any]:
+    """`--ours-extra`'s value: a JSON object, else argparse's error naming what it got."""
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise argparse.ArgumentTypeError(f"not JSON ({err})") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError(f"expected a JSON object, got {type(value).__name__}")
+    return value
 
 
 def parser() -> argparse.ArgumentParser:
@@ -403,6 +417,12 @@ def add_commands(p: argparse.ArgumentParser) -> None:
     )
     r.add_argument("--zipf", type=float, default=0.8, help="pressure's Zipf exponent (0.8)")
     r.add_argument("--region-mib", type=int, default=512, help="ec_cpu_bytes of both connectors, MiB (512)")
+    r.add_argument(
+        "--ours-extra",
+        type=json_object,
+        default={},
+        help='JSON object added to ours\' extra config, e.g. \'{"ec_eviction": "lecar"}\'',
+    )
     load = r.add_mutually_exclusive_group()
     load.add_argument("--concurrency", type=int, default=32, help="closed loop: requests in flight (32)")
     load.add_argument("--rate", type=float, default=0.0, help="open loop: fixed arrival rate, req/s")

@@ -22,7 +22,7 @@ import os
 import socket
 import sys
 import time
-from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -47,14 +47,21 @@ MiB = 1 << 20
 
 
 def connector_config(
-    arm: str, region_bytes: int, engine_id: str, role: str = "ec_both"
+    arm: str,
+    region_bytes: int,
+    engine_id: str,
+    role: str = "ec_both",
+    ours_extra: Mapping[str, Any] | None = None,
 ) -> dict[str, Any] | None:
-    """The `ec_transfer_config` of an arm in `role`, or None for `none` (NIXL on for E→PD roles)."""
+    """The `ec_transfer_config` of an arm in `role`, or None for `none` (NIXL on for E→PD roles);
+    `ours_extra`: keys added to ours' extra config only (`--ours-extra`, e.g. its eviction)."""
     if arm == "none":
         return None
     extra: dict[str, Any] = {"ec_cpu_bytes": region_bytes}
     if role != "ec_both":
         extra["ec_enable_nixl"] = True
+    if arm == "ours":
+        extra.update(ours_extra or {})
     if arm == "upstream":
         return {
             "ec_connector": "ECCPUConnector",

@@ -77,7 +77,9 @@ def fleet_spec(args: argparse.Namespace, spec: dict[str, Any], run_id: str, tag:
     spec["replicas"] = [
         {
             "name": f"replica{k}",
-            "connector": connector_config(kind, region * (3 - n), f"bench-{run_id}-{tag}-{k}"),
+            "connector": connector_config(
+                kind, region * (3 - n), f"bench-{run_id}-{tag}-{k}", ours_extra=args.ours_extra
+            ),
         }
         for k in range(n)
     ]

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from ec_connector.benchmarks import serving_report
-from ec_connector.benchmarks.serving import connector_config, rotated
+from ec_connector.benchmarks.serving import connector_config, parser, rotated
 from ec_connector.benchmarks.serving_workload import (
     MAX_PIXELS_7B,
     MIN_PIXELS_7B,
@@ -78,6 +78,24 @@ def test_arms_alternate_and_both_connectors_get_the_same_region() -> None:
     assert up["ec_connector"] == "ECCPUConnector" and ours["ec_connector"] == "ECTierConnector"
     assert ours["ec_connector_module_path"] == "ec_connector.adapters.vllm"
     assert up["ec_connector_extra_config"] == ours["ec_connector_extra_config"] == {"ec_cpu_bytes": 1 << 30}
+
+
+def test_ours_extra_reaches_ours_connector_only() -> None:
+    args = parser().parse_args(["run", "--out", "x", "--ours-extra", '{"ec_eviction": "lecar"}'])
+    ours = connector_config("ours", 1 << 30, "e", ours_extra=args.ours_extra)
+    up = connector_config("upstream", 1 << 30, "e", ours_extra=args.ours_extra)
+    assert ours is not None and up is not None
+    assert ours["ec_connector_extra_config"] == {"ec_cpu_bytes": 1 << 30, "ec_eviction": "lecar"}
+    assert up["ec_connector_extra_config"] == {"ec_cpu_bytes": 1 << 30}
+
+
+@pytest.mark.parametrize(
+    ("value", "says"), [("lecar", "not JSON"), ('["lecar"]', "expected a JSON object, got list")]
+)
+def test_ours_extra_that_is_not_a_json_object_is_refused(value, says, capsys) -> None:
+    with pytest.raises(SystemExit):
+        parser().parse_args(["run", "--out", "x", "--ours-extra", value])
+    assert says in capsys.readouterr().err
 
 
 def _run(mode: str, rounds: dict[str, dict[int, float]]) -> dict:
