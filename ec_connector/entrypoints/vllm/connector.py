@@ -23,6 +23,7 @@ from vllm.distributed.ec_transfer.ec_connector.base import (
     ECConnectorWorkerMetadata,
 )
 
+from ec_connector.adapters import profile_ranges as ranges
 from ec_connector.adapters.nixl_data.settings import require_nixl
 from ec_connector.application.consumer import WantedItem
 from ec_connector.application.roles import Allocations, Publisher, StatsService, StepPolls, Supply
@@ -92,6 +93,8 @@ class ECTierConnector(ECConnectorBase):
         else:
             self._container = build_container(config, **vllm_settings.worker_settings(vllm_config, config))
             self._worker = self._container.tier_worker()
+        if ranges.enabled(os.environ):  # VLLM_EC_PROFILE_RANGES: profiler ranges around the hooks
+            ranges.wrap_hooks(self, ranges.SCHEDULER_HOOKS if self._on_scheduler else ranges.WORKER_HOOKS)
 
     # -- worker side ------------------------------------------------------------------------
 
