@@ -78,7 +78,6 @@ from ec_connector.domain.config import KNOWN_KEYS as TIER_KEYS
 from ec_connector.domain.directory import DirectoryLimits, Peer, PeerDirectory
 from ec_connector.domain.layout import Layout
 from ec_connector.domain.publish import PeerAddress
-from ec_connector.domain.pull_rule import PullRule
 from ec_connector.ports.control import ControlClient, ControlServer
 from ec_connector.ports.copier import Copier
 from ec_connector.ports.peer import PeerTransport
@@ -369,11 +368,7 @@ def _fleet_fetcher(
     """The fleet's supply; `feed` is asked for so that the subscriber runs once the fetcher does;
     `encoder_cache_rows`: the size of vLLM's encoder cache, in rows."""
     fleet = config.fleet
-    rule = PullRule(
-        encode_s_per_row=fleet.encode_us_per_row * 1e-6,
-        fixed_s=fleet.pull_fixed_ms * 1e-3,
-        bytes_per_s=fleet.read_gib_s * (1 << 30),
-    )
+    rule = fleet.pull_rule()
     return FleetFetcher(
         tier=tier,
         fetcher=fetcher,

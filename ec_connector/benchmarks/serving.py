@@ -63,6 +63,7 @@ from ec_connector.benchmarks.serving_fleet import (
     FLEET_ARMS,
     cross_replica_repeats,
     fleet_extra,
+    fleet_rule,
     fleet_spec,
 )
 from ec_connector.benchmarks.serving_workload import (
@@ -158,9 +159,9 @@ def workloads(args: argparse.Namespace, geometry: dict[str, int]) -> list[dict[s
                 wl.notes.update(image_tokens=rows, item_bytes=item_bytes)
                 wd = wl.to_dict()
                 if wl.name.endswith("pressure"):
-                    fleet = wl.name.startswith("fleet-")
-                    region = (2 if fleet else 1) * args.region_mib * MiB
-                    wd["notes"].update(serving_expected.expected(wd, item_bytes, region, 2 if fleet else 1))
+                    replicas, rule = (2, fleet_rule(args)) if wl.name.startswith("fleet-") else (1, None)
+                    region = replicas * args.region_mib * MiB
+                    wd["notes"].update(serving_expected.expected(wd, item_bytes, region, replicas, rule))
                 out.append(wd)
     return out
 

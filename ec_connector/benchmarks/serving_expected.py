@@ -26,6 +26,7 @@ from ec_connector.benchmarks.cache_traces import ROW_BYTES, Item, Step, Trace
 from ec_connector.benchmarks.replay import BeladyPolicy, RequestClock, replay_hits, request_positions
 from ec_connector.benchmarks.replay_pair import replay_pair
 from ec_connector.benchmarks.serving_engine import replica_for
+from ec_connector.domain.pull_rule import PullRule
 
 ONLINE = ("fifo", "s3fifo")
 
@@ -51,13 +52,16 @@ def hit_ratios(requests: Sequence[int], count_from: int, rows: int, num_blocks: 
     return out
 
 
-def expected(wl: dict[str, Any], item_bytes: int, region_bytes: int, replicas: int = 1) -> dict[str, Any]:
+def expected(
+    wl: dict[str, Any], item_bytes: int, region_bytes: int, replicas: int = 1, rule: PullRule | None = None
+) -> dict[str, Any]:
     """Expected hit ratios of workload `wl` (Workload.to_dict()) on its measured passes: one region
     of `region_bytes` serving every request and, with `replicas` > 1, each replica's region
     (`region_bytes` / `replicas`) serving the requests the round-robin client sends it (request i of
     a pass to replica i % replicas), their hits summed (what per-replica tiers get); with two, also
-    the pair pulling from each other (`expected_hit_ratio_fleet`: replay_pair.py, the shipped pull
-    rule and copies evicted first; a pull counts as a hit, as the bench counts it)."""
+    the pair pulling from each other (`expected_hit_ratio_fleet`: replay_pair.py, the pull `rule`
+    the fleet's replicas run with (default: the shipped one) and copies evicted first; a pull counts
+    as a hit, as the bench counts it)."""
     rows = max(1, math.ceil(item_bytes / ROW_BYTES))
     passes = [list(p["seeds"]) for p in wl["passes"]]
     first = next((n for n, p in enumerate(wl["passes"]) if p["measured"]), len(passes))
@@ -82,7 +86,7 @@ def expected(wl: dict[str, Any], item_bytes: int, region_bytes: int, replicas: i
             trace = serving_trace(flat, rows, 0)
             measured_from = sum(map(len, passes[:first]))
             fleet = replay_pair(
-                trace, sides, share=True, count_from=measured_from, replica_of=routes.__getitem__
+                trace, sides, share=True, rule=rule, count_from=measured_from, replica_of=routes.__getitem__
             )
             out["expected_hit_ratio_fleet"] = {"s3fifo": round(fleet["hit_ratio"], 4)}
     return out

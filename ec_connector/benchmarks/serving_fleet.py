@@ -48,6 +48,8 @@ from ec_connector.benchmarks.serving_engine import (
     write_workload,
 )
 from ec_connector.benchmarks.serving_workload import Workload
+from ec_connector.domain.config import ConnectorConfig, Role, parse_fleet_config
+from ec_connector.domain.pull_rule import PullRule
 
 FLEET_ARMS = ("upstream", "local", "fleet", "single")
 # Seconds the replicas get after start (peers subscribe to each other's feed) and after each pass
@@ -66,6 +68,12 @@ def fleet_extra(args: argparse.Namespace) -> dict[str, Any]:
     if args.fleet_extra:
         return dict(json.loads(args.fleet_extra))
     return dict(TINY_FLEET_EXTRA) if args.shape == "tiny" and not args.model else {}
+
+
+def fleet_rule(args: argparse.Namespace) -> PullRule:
+    """The pull rule the fleet arm's replicas run with: its extra keys over the defaults."""
+    tier = ConnectorConfig(role=Role.BOTH, cpu_bytes=args.region_mib * MiB, enable_nixl=True)
+    return parse_fleet_config(fleet_extra(args), tier).pull_rule()
 
 
 def fleet_spec(args: argparse.Namespace, spec: dict[str, Any], run_id: str, tag: str) -> dict[str, Any]:

@@ -17,6 +17,7 @@ from typing import Any
 
 from ec_connector.domain.errors import ConfigError
 from ec_connector.domain.eviction import DEFAULT_POLICY, POLICIES
+from ec_connector.domain.pull_rule import PullRule
 
 EXTRA = "ec_connector_extra_config"
 TRUE_STRINGS = frozenset({"true", "1", "yes"})
@@ -342,6 +343,14 @@ class FleetConfig:
     @property
     def enabled(self) -> bool:
         return bool(self.peers)
+
+    def pull_rule(self) -> PullRule:
+        """The rule these figures give (microseconds, milliseconds and GiB/s to seconds and bytes)."""
+        return PullRule(
+            encode_s_per_row=self.encode_us_per_row * 1e-6,
+            fixed_s=self.pull_fixed_ms * 1e-3,
+            bytes_per_s=self.read_gib_s * (1 << 30),
+        )
 
 
 _FLEET_FIGURES = {

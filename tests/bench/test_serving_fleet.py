@@ -17,11 +17,13 @@ from ec_connector.benchmarks.serving_fleet import (
     TINY_FLEET_EXTRA,
     cross_replica_repeats,
     fleet_extra,
+    fleet_rule,
     fleet_spec,
     pass_figures,
     replica_wiring,
 )
 from ec_connector.benchmarks.serving_workload import build, fleet_workloads
+from ec_connector.domain.pull_rule import PullRule
 from tests.bench.serving_run import report, run_bench
 from tests.integration.conftest import vllm_python  # noqa: F401  (fixture)
 
@@ -111,6 +113,21 @@ def test_fleet_replicas_list_each_other_with_one_secret_and_pairs_stay_apart() -
     local = fleet_spec(args, {"arm": "local", "engine": {}}, "run", "r0-local")
     for config, _ in replica_wiring(local["replicas"], local["fleet"], ports, "s3cret"):
         assert set(config["ec_connector_extra_config"]) == {"ec_cpu_bytes"}  # no NIXL, feed or peers
+
+
+def vars_of(rule: PullRule) -> list[float]:
+    return [rule.encode_s_per_row, rule.fixed_s, rule.bytes_per_s, rule.margin]
+
+
+def test_the_expected_fleet_ratio_replays_the_pull_rule_the_fleet_arm_runs_with() -> None:
+    tiny = parser().parse_args(["run", "--out", "x", "--shape", "tiny"])
+    shipped = parser().parse_args(["run", "--out", "x", "--model", "m"])
+    given = parser().parse_args(["run", "--out", "x", "--fleet-extra", '{"fleet_read_gib_s": 12}'])
+    assert fleet_rule(tiny).encode_s_per_row == pytest.approx(0.1)  # the tiny model's stand-in encoder
+    assert vars_of(fleet_rule(shipped)) == pytest.approx(vars_of(PullRule()))
+    assert fleet_rule(given).bytes_per_s == 12 * (1 << 30)
+    # tiny items (12 rows): not worth a pull by the shipped rule, worth it by the tiny arm's
+    assert not PullRule().worth(12 * 7168, 12) and fleet_rule(tiny).worth(12 * 7168, 12)
 
 
 def test_the_estimate_counts_two_engine_starts_for_a_pair() -> None:

@@ -48,7 +48,6 @@ def test_an_ask_is_acked_at_the_end_of_its_step_and_ready_at_the_next(world) -> 
     consumer.assert_clean()
 
 
-
 def test_the_step_end_waits_for_the_ack_of_an_ask_made_in_the_step(world) -> None:
     producer = world["producer"]()
     consumer: ConsumerSide = world["consumer"](extra={"nixl_consumer_progress_thread": True})

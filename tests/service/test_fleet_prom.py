@@ -96,4 +96,3 @@ def test_counters_add_increments_and_levels_add_up_their_changes(observed):
     assert sample(after, "vllm:ec_fleet_directory_records") == 3
     assert sample(after, "vllm:ec_fleet_peers_live") == 1
     assert observed["merged_records"] == 3, "the log line's aggregate sums a level's changes"
-
