@@ -37,6 +37,7 @@ from collections.abc import Container, Mapping
 from typing import Protocol, runtime_checkable
 
 from ec_connector.domain.entries import Entry
+from ec_connector.domain.eviction_lecar import LeCarPolicy
 
 FIFO = "fifo"
 S3FIFO = "s3fifo"
@@ -104,8 +105,6 @@ def make_policy(
     if name == S3FIFO:
         return S3FifoPolicy(num_blocks, evictable, min_compact=min_compact)
     if name == LECAR:
-        from ec_connector.domain.eviction_lecar import LeCarPolicy  # it imports nothing of this module
-
         return LeCarPolicy(num_blocks, evictable)
     raise ValueError(f"unknown eviction policy {name!r}: expected one of {', '.join(POLICIES)}")
 
