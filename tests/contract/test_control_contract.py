@@ -1,7 +1,8 @@
 """The control-plane ports' contract, one set of test bodies run against every adapter.
 
 `world` gives the adapter under test: servers at addresses, clients, and an address nobody serves.
-The fake answers at `send` and reports a missing peer at once; the ZMQ adapter does it over real
+The fake answers at `send` (an ask answered NACK_NOT_READY at the poll after) and reports a
+missing peer at once; the ZMQ adapter does it over real
 sockets on 127.0.0.1 with heartbeats shortened to tenths of a second, so every body waits with a
 bounded poll loop that both satisfy.
 """
@@ -29,6 +30,7 @@ from ec_connector.ports.control import ControlClient, ControlServer, Reply
 
 FP = "fp-0123"
 WAIT_S = 3.0
+HOLD_S = 0.5  # the ZMQ server's hold of a NACK_NOT_READY ask: far longer than a loaded machine's lag
 OnRequest = Callable[[XferReq], XferAck]
 OnDone = Callable[[XferDone], None]
 
@@ -50,7 +52,7 @@ class World:
         else:
             from ec_connector.adapters.zmq_control import ZmqControlServer
 
-            server = ZmqControlServer("127.0.0.1", 0)
+            server = ZmqControlServer("127.0.0.1", 0, not_ready_hold_s=HOLD_S)
             address = server.address
         server.start(on_request, on_done)
         self.servers[address] = server
@@ -302,3 +304,40 @@ def test_close_is_idempotent(world: World) -> None:
     for _ in range(2):
         client.close()
         world.servers[address].close()
+
+
+def saving(landed: threading.Event) -> tuple[OnRequest, list[XferReq]]:
+    """A handler whose entry is still saving (NACK_NOT_READY) until `landed` is set, then OK."""
+    seen: list[XferReq] = []
+
+    def on_request(req: XferReq) -> XferAck:
+        seen.append(req)
+        if landed.is_set():
+            return ok_ack(req.mm_hash)
+        return XferAck(PROTOCOL_VERSION, req.mm_hash, AckStatus.NACK_NOT_READY)
+
+    return on_request, seen
+
+
+def test_an_ask_whose_save_lands_during_its_hold_is_answered_ok(world: World) -> None:
+    landed = threading.Event()
+    on_request, seen = saving(landed)
+    address = world.serve(on_request)
+    client = world.client()
+    client.send(address, request("img-a"))
+    deadline = time.monotonic() + WAIT_S
+    while not seen and time.monotonic() < deadline:  # the server has answered it NACK_NOT_READY once
+        time.sleep(0.001)
+    landed.set()  # held, it is asked again: OK now
+    assert collect(client, lambda got: len(got) >= 1) == [Reply(address, ok_ack("img-a"))]
+    assert len(seen) >= 2 and settle(client) == []
+
+
+def test_an_ask_still_saving_when_its_hold_ends_is_answered_not_ready(world: World) -> None:
+    on_request, seen = saving(threading.Event())
+    address = world.serve(on_request)
+    client = world.client()
+    client.send(address, request("img-a"))
+    replies = collect(client, lambda got: len(got) >= 1)
+    assert replies == [Reply(address, XferAck(PROTOCOL_VERSION, "img-a", AckStatus.NACK_NOT_READY))]
+    assert len(seen) >= 2 and settle(client) == []

@@ -157,7 +157,7 @@ def test_a_read_timeout_logs_its_read_time(lines):
 def test_not_ready_retries_are_counted_on_the_one_line(lines):
     pair = Pair(producer_hold=True, not_ready_backoff_s=0.1, not_ready_backoff_max_s=0.1)
     params = pair.produce([("img", 5)], settle=False)
-    for _ in range(3):
+    for _ in range(5):  # an ask answered NACK_NOT_READY is held until the next poll
         pair.fetch(params, [("img", 5)])
         pair.clock.advance(0.15)
     pair.producer.settle()

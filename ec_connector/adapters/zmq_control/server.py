@@ -4,6 +4,11 @@ The thread owns the socket once `start` runs: it reads each request, calls the a
 thread-safe callback and sends the ack straight back to that peer, so ack latency never waits for
 an engine step. One thread serves every peer in arrival order; `on_request` must therefore be a
 quick lookup (the producer desk's is a table read under a lock), never a wait on the engine.
+
+An ask answered NACK_NOT_READY (the entry's save has not landed) is held instead, and asked of
+`on_request` again at each wake-up, for up to `not_ready_hold_s`: answered as soon as the save
+lands, or NACK_NOT_READY when the hold ends. Consumers ask within milliseconds of a save's launch;
+held, their ask is granted a few milliseconds later rather than retried on a later engine step.
 """
 
 from __future__ import annotations
@@ -11,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import os
 import threading
+import time
 from collections.abc import Callable
 
 import structlog
@@ -34,6 +40,9 @@ just awake: on the GPU machine's 16-core host a round trip of our client and ser
 idle took 646 µs with the thread blocked in poll, 458 µs with this tick. The cost, ~1000 empty
 wake-ups a second, is small beside NIXL's progress thread, which spins a whole core in the same
 producer."""
+NOT_READY_HOLD_S = 0.01
+"""Default hold of an ask whose entry is still saving: a 5.5 MB save lands a few milliseconds
+after its launch (GPU copy, then the worker's report of it)."""
 
 
 class ControlBindError(ECConnectorError, OSError):
@@ -58,6 +67,7 @@ class ZmqControlServer:
         auth_window_s: float = DEFAULT_WINDOW_S,
         hwm: int = 1000,
         join_timeout_s: float = 5.0,
+        not_ready_hold_s: float = NOT_READY_HOLD_S,
     ) -> None:
         if not 0 <= port <= 65535:
             raise ValueError(f"side-channel port {port} is outside 0-65535 (0 picks a free port)")
@@ -80,6 +90,9 @@ class ZmqControlServer:
         self._closed = False
         self._on_request: Callable[[XferReq], XferAck] | None = None
         self._on_done: Callable[[XferDone], None] | None = None
+        self._hold_s = not_ready_hold_s
+        self._held: list[tuple[bytes, XferReq, float]] = []  # (peer, ask, hold's end): I/O thread only
+        self.held = 0  # asks held at least once (NACK_NOT_READY at first)
 
     def start(
         self,
@@ -138,6 +151,8 @@ class ZmqControlServer:
                         os.read(self._wake_r, 4096)
                 if self._sock in ready:
                     self._drain()
+                if self._held:
+                    self._answer_held()
         except zmq.ZMQError:
             log.exception("control_server_failed", port=self.address.port)
         finally:
@@ -170,22 +185,48 @@ class ZmqControlServer:
         except FrameRejected as err:
             self._drops.drop(err.reason, err, peer=peer.hex())
             return
-        if isinstance(message, XferReq):
-            self._reply(peer, self._answer(message))
-        else:
+        if not isinstance(message, XferReq):
             self._finish(message)
+            return
+        ack = self._answer(message)
+        if ack.status is AckStatus.NACK_NOT_READY and self._hold_s > 0:
+            self._held.append((peer, message, time.monotonic() + self._hold_s))
+            self.held += 1
+        else:
+            self._reply(peer, self._encoded(message, ack))
 
-    def _answer(self, req: XferReq) -> bytes:
+    def _answer_held(self) -> None:
+        """Ask again for each held ask: reply once it is no longer NOT_READY or its hold ended."""
+        now = time.monotonic()
+        still: list[tuple[bytes, XferReq, float]] = []
+        for peer, req, until in self._held:
+            ack = self._answer(req)
+            if ack.status is AckStatus.NACK_NOT_READY and now < until:
+                still.append((peer, req, until))
+            else:
+                self._reply(peer, self._encoded(req, ack))
+        self._held = still
+
+    def _answer(self, req: XferReq) -> XferAck:
         assert self._on_request is not None
         try:
             ack = self._on_request(req)
             if not isinstance(ack, XferAck):
                 raise TypeError(f"on_request returned {type(ack).__name__}, not an XferAck")
-            return encode(ack)
+            return ack
         except Exception:
-            self.callback_errors += 1
-            log.exception("control_request_failed", mm_hash=req.mm_hash, consumer=req.consumer)
-            return encode(XferAck(PROTOCOL_VERSION, req.mm_hash, AckStatus.NACK_INTERNAL))
+            return self._internal(req)
+
+    def _encoded(self, req: XferReq, ack: XferAck) -> bytes:
+        try:
+            return encode(ack)
+        except Exception:  # an ack the codec refuses is the callback's fault, as a raise is
+            return encode(self._internal(req))
+
+    def _internal(self, req: XferReq) -> XferAck:
+        self.callback_errors += 1
+        log.exception("control_request_failed", mm_hash=req.mm_hash, consumer=req.consumer)
+        return XferAck(PROTOCOL_VERSION, req.mm_hash, AckStatus.NACK_INTERNAL)
 
     def _finish(self, done: XferDone) -> None:
         assert self._on_done is not None
