@@ -13,13 +13,14 @@ from __future__ import annotations
 
 import json
 import signal
-import socket
 import subprocess
 import time
 import uuid
 from pathlib import Path
 
 import pytest
+
+from tests.chat_requests import free_ports
 
 from .openai_server import server_env
 from .test_local_tier_engine import ENGINE_DIR, region_files
@@ -30,17 +31,6 @@ ACK_TIMEOUT_S = 2.0
 GIVE_UP_S = 5.0
 HEARTBEAT_TIMEOUT_S = 3.0
 LIVENESS_SLACK_S = 30.0  # a fallback must happen, not be quick: only a hang fails this bound
-
-
-def free_ports(n: int) -> list[int]:
-    socks = [socket.socket() for _ in range(n)]
-    try:
-        for s in socks:
-            s.bind(("127.0.0.1", 0))
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
 
 
 class Replica:
