@@ -139,6 +139,12 @@ class ConsumerFetcher:
                 pending = True
         return not pending
 
+    def recheck(self, request_id: str, items: Sequence[WantedItem]) -> bool:
+        """`ensure_available` again for a request it was just asked about, once its pulls had time
+        to land: the same answer from the fetches as they stand, with no params, so nothing new
+        is started."""
+        return self.ensure_available(request_id, None, items)
+
     def poll(self) -> None:
         """Apply acks and peer losses, progress READs, enforce every deadline; non-blocking."""
         replies = self._control.poll()

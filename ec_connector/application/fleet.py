@@ -290,6 +290,12 @@ class FleetFetcher:
         self._note_started(synthesized)
         return done
 
+    def recheck(self, request_id: str, items: Sequence[WantedItem]) -> bool:
+        """As `ConsumerFetcher.recheck`: the pulls that ended are settled, and nothing is looked up
+        again (each item was counted once, by `ensure_available`)."""
+        self._settle()
+        return self._fetcher.recheck(request_id, items)
+
     def _pull_params(self, item: WantedItem) -> dict[str, Any] | None:
         """Params that make the fetcher pull `item` from a peer, or None (encode here)."""
         self.stats.lookups += 1

@@ -29,6 +29,8 @@ class Supply(Protocol):
 
     def ensure_available(self, request_id: str, params: object, items: Sequence[WantedItem]) -> bool: ...
 
+    def recheck(self, request_id: str, items: Sequence[WantedItem]) -> bool: ...
+
     def take_unavailable(self) -> set[str]: ...
 
     def has_pending_work(self) -> bool: ...
@@ -65,7 +67,7 @@ class StepPolls:
         if self._pull_left <= 0:
             return False
         self._pull_left -= self._supply.await_landed(self._pull_left)
-        return self._supply.ensure_available(request_id, params, items)
+        return self._supply.recheck(request_id, items)
 
     def step_started(self) -> None:
         if not self._polled:
@@ -107,6 +109,9 @@ class LocalSupply:
         pass
 
     def ensure_available(self, request_id: str, params: object, items: Sequence[WantedItem]) -> bool:
+        return True
+
+    def recheck(self, request_id: str, items: Sequence[WantedItem]) -> bool:
         return True
 
     def take_unavailable(self) -> set[str]:

@@ -20,6 +20,7 @@ from ec_connector.adapters.memory import (
 from ec_connector.application.consumer import ConsumerFetcher, WantedItem
 from ec_connector.application.fleet import FleetFetcher, FleetStats, FleetUpdater
 from ec_connector.application.producer import ProducerDesk
+from ec_connector.application.roles import StepPolls
 from ec_connector.application.stats import PeerStats
 from ec_connector.domain.config import Role
 from ec_connector.domain.directory import DirectoryLimits, Peer, PeerDirectory
@@ -307,6 +308,16 @@ def test_an_item_allocated_here_longer_ago_than_vllms_encoder_cache_holds_is_pul
         fleet.fleet.note_local(key, 4)
     assert fleet.ensure([("img", 4)]) is False  # out of vLLM's cache by now: pulled from A
     assert fleet.stats.pulls_started == 1 and len(fleet.net.sent) == 1
+
+
+def test_a_pull_that_lands_within_the_step_wait_is_looked_up_once():
+    fleet = Fleet()
+    fleet.encode_on_a([("img", 4)])
+    polls = StepPolls(fleet.fleet, pull_wait_s=0.005)
+    items = [WantedItem("img", 4), WantedItem("elsewhere", 4)]  # one on A, one nowhere
+    assert polls.ensure_available("r1", None, items)  # pulled, read and ready within the step
+    assert fleet.stats.pulls_started == 1 and fleet.stats.pulls_done == 1
+    assert fleet.stats.lookups == 2 and fleet.stats.located == 1  # the recheck looked nothing up
 
 
 def test_a_record_whose_size_differs_from_the_items_is_not_pulled():

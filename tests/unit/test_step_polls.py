@@ -26,6 +26,9 @@ class CountingSupply:
     def ensure_available(self, request_id: str, params: object, items: Sequence[WantedItem]) -> bool:
         return not self.pending
 
+    def recheck(self, request_id: str, items: Sequence[WantedItem]) -> bool:
+        return not self.pending
+
     def take_unavailable(self) -> set[str]:
         return set()
 
