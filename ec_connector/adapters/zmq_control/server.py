@@ -92,7 +92,6 @@ class ZmqControlServer:
         self._on_done: Callable[[XferDone], None] | None = None
         self._hold_s = not_ready_hold_s
         self._held: list[tuple[bytes, XferReq, float]] = []  # (peer, ask, hold's end): I/O thread only
-        self.held = 0  # asks held at least once (NACK_NOT_READY at first)
 
     def start(
         self,
@@ -191,7 +190,6 @@ class ZmqControlServer:
         ack = self._answer(message)
         if ack.status is AckStatus.NACK_NOT_READY and self._hold_s > 0:
             self._held.append((peer, message, time.monotonic() + self._hold_s))
-            self.held += 1
         else:
             self._reply(peer, self._encoded(message, ack))
 
