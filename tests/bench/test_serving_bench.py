@@ -141,10 +141,8 @@ def test_report_pairs_rounds_and_gives_the_spread(capsys: pytest.CaptureFixture[
 @pytest.mark.timeout(1500)
 def test_serving_bench_runs_end_to_end_on_vllm_cpu(vllm_python: Path, tmp_path: Path) -> None:  # noqa: F811
     args = [
-        "--rounds", "1", "--images", "100x80", "--requests-per-pass", "8",
-        "--passes", "1", "--concurrency", "4", "--region-mib", "1", "--pressure-pool", "16",
-        "--pressure-fill", "8", "--max-model-len", "256", "--max-num-seqs", "4",
-        "--max-num-batched-tokens", "48", "--child-timeout-s", "400",
+        "--requests-per-pass", "8", "--passes", "1", "--concurrency", "4", "--pressure-pool", "16",
+        "--pressure-fill", "8",
     ]  # fmt: skip
     path, run = run_bench(vllm_python, tmp_path / "out", args, timeout_s=1450)
     by_arm = {e["arm"]: e for e in run["engines"]}

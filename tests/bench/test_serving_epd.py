@@ -20,10 +20,8 @@ REQUESTS = 6
 @pytest.mark.timeout(900)
 def test_epd_bench_runs_end_to_end_on_vllm_cpu(vllm_python: Path, tmp_path: Path) -> None:  # noqa: F811
     args = [
-        "--workloads", "epd", "--arms", "ours", "--rounds", "1",
-        "--images", "100x80", "--requests-per-pass", str(REQUESTS), "--passes", "1", "--rate", "4",
-        "--region-mib", "1", "--max-model-len", "256", "--max-num-seqs", "4",
-        "--max-num-batched-tokens", "48", "--child-timeout-s", "400",
+        "--workloads", "epd", "--arms", "ours", "--requests-per-pass", str(REQUESTS), "--passes", "1",
+        "--rate", "4",
     ]  # fmt: skip
     path, run = run_bench(vllm_python, tmp_path / "out", args, timeout_s=850)
     (ours,) = run["engines"]

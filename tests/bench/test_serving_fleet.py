@@ -185,10 +185,8 @@ def test_fleet_bench_runs_end_to_end_on_vllm_cpu(vllm_python: Path, tmp_path: Pa
     the trace, see cross_replica_repeats, so the per-replica arm need not run) at the smallest sizes;
     the single and local arms share the fleet arm's child code and are covered by the unit tests."""
     args = [
-        "--workloads", "fleet", "--arms", "fleet", "--rounds", "1",
-        "--images", "100x80", "--requests-per-pass", "6", "--passes", "1", "--concurrency", "4",
-        "--region-mib", "1", "--pressure-pool", "12", "--pressure-fill", "6", "--max-model-len", "256",
-        "--max-num-seqs", "4", "--max-num-batched-tokens", "48", "--child-timeout-s", "400",
+        "--workloads", "fleet", "--arms", "fleet", "--requests-per-pass", "6", "--passes", "1",
+        "--concurrency", "4", "--pressure-pool", "12", "--pressure-fill", "6",
     ]  # fmt: skip
     path, run = run_bench(vllm_python, tmp_path / "out", args, timeout_s=850)
     assert run["fleet_extra"] == TINY_FLEET_EXTRA
