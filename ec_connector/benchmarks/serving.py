@@ -161,7 +161,10 @@ def workloads(args: argparse.Namespace, geometry: dict[str, int]) -> list[dict[s
                 if wl.name.endswith("pressure"):
                     replicas, rule = (2, fleet_rule(args)) if wl.name.startswith("fleet-") else (1, None)
                     region = replicas * args.region_mib * MiB
-                    wd["notes"].update(serving_expected.expected(wd, item_bytes, region, replicas, rule))
+                    policy = args.ours_extra.get("ec_eviction")
+                    wd["notes"].update(
+                        serving_expected.expected(wd, item_bytes, region, replicas, rule, policy)
+                    )
                 out.append(wd)
     return out
 

@@ -37,12 +37,14 @@ def serving_trace(requests: Sequence[int], rows: int, num_blocks: int) -> Trace:
     return Trace(steps, 1, num_blocks, "serving")
 
 
-def hit_ratios(requests: Sequence[int], count_from: int, rows: int, num_blocks: int) -> dict[str, float]:
-    """Hit ratio of the requests from index `count_from` on, per policy (ONLINE, then belady),
+def hit_ratios(
+    requests: Sequence[int], count_from: int, rows: int, num_blocks: int, policies: Sequence[str] = ONLINE
+) -> dict[str, float]:
+    """Hit ratio of the requests from index `count_from` on, per policy (`policies`, then belady),
     after the earlier ones were served in the same region."""
     trace = serving_trace(requests, rows, num_blocks)
     out = {}
-    for policy in ONLINE:
+    for policy in policies:
         res = replay_hits(OursSide(num_blocks, eviction=policy), trace, count_from=count_from)
         out[policy] = 1.0 - res["miss_ratio"]
     clock = RequestClock()
@@ -53,7 +55,12 @@ def hit_ratios(requests: Sequence[int], count_from: int, rows: int, num_blocks: 
 
 
 def expected(
-    wl: dict[str, Any], item_bytes: int, region_bytes: int, replicas: int = 1, rule: PullRule | None = None
+    wl: dict[str, Any],
+    item_bytes: int,
+    region_bytes: int,
+    replicas: int = 1,
+    rule: PullRule | None = None,
+    ours_policy: str | None = None,
 ) -> dict[str, Any]:
     """Expected hit ratios of workload `wl` (Workload.to_dict()) on its measured passes: one region
     of `region_bytes` serving every request and, with `replicas` > 1, each replica's region
@@ -61,13 +68,17 @@ def expected(
     a pass to replica i % replicas), their hits summed (what per-replica tiers get); with two, also
     the pair pulling from each other (`expected_hit_ratio_fleet`: replay_pair.py, the pull `rule`
     the fleet's replicas run with (default: the shipped one) and copies evicted first; a pull counts
-    as a hit, as the bench counts it)."""
+    as a hit, as the bench counts it). `ours_policy` (ours' `ec_eviction` when the run sets one) is
+    replayed in the one region beside ONLINE and recorded as `ours_eviction`."""
     rows = max(1, math.ceil(item_bytes / ROW_BYTES))
     passes = [list(p["seeds"]) for p in wl["passes"]]
     first = next((n for n, p in enumerate(wl["passes"]) if p["measured"]), len(passes))
     flat = [s for p in passes for s in p]
-    whole = hit_ratios(flat, sum(map(len, passes[:first])), rows, region_bytes // ROW_BYTES)
+    policies = ONLINE if ours_policy in (None, *ONLINE) else (*ONLINE, ours_policy)
+    whole = hit_ratios(flat, sum(map(len, passes[:first])), rows, region_bytes // ROW_BYTES, policies)
     out: dict[str, Any] = {"expected_hit_ratio": _rounded(whole)}
+    if ours_policy:
+        out["ours_eviction"] = ours_policy
     if replicas > 1:
         per: dict[str, float] = dict.fromkeys(ONLINE, 0.0)
         counted = 0

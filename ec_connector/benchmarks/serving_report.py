@@ -117,6 +117,8 @@ def expected_line(key: str, notes: dict[str, Any], arms: dict[str, dict[str, Cel
         vals = list(arms[arm].get("hit_ratio", {}).values())
         measured = f"{median(vals):.2f}" if vals else "-"
         where, policy = table.get(arm, ("", ""))
+        if arm == "ours" and not fleet:  # a run with --ours-extra '{"ec_eviction": ...}'
+            policy = notes.get("ours_eviction", policy)
         ratio = notes.get(where, {}).get(policy)
         if ratio is not None:
             parts.append(f"{arm} {measured} / {ratio:.2f} ({policy}{_WHERE.get(where, '')})")

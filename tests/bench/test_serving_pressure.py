@@ -167,3 +167,31 @@ def test_the_report_prints_measured_beside_expected_hit_ratios(capsys: pytest.Ca
     fleet["workloads"][0]["notes"]["expected_hit_ratio_fleet"] = {"s3fifo": 0.59}
     serving_report.print_report([fleet])
     assert "fleet 0.57 / 0.59 (s3fifo pulling), single 0.60 / 0.62 (s3fifo)" in capsys.readouterr().out
+
+
+def test_ours_eviction_from_ours_extra_is_replayed_and_reported_beside_ours() -> None:
+    args = parser().parse_args(
+        [
+            "run",
+            "--out",
+            "/tmp/unused",
+            "--workloads",
+            "pressure",
+            "--region-mib",
+            "64",
+            "--ours-extra",
+            '{"ec_eviction": "lecar"}',
+        ]
+    )
+    geometry = {"hidden": 3584, "min_pixels": 3136, "max_pixels": 12845056}
+    notes = workloads(args, geometry)[0]["notes"]
+    exp = notes["expected_hit_ratio"]
+    assert list(exp) == ["fifo", "s3fifo", "lecar", "belady"] and notes["ours_eviction"] == "lecar"
+    assert 0.0 < exp["lecar"] <= exp["belady"]
+    arms = {"ours": {"hit_ratio": {0: 0.5}}, "upstream": {"hit_ratio": {0: 0.25}}}
+    line = serving_report.expected_line("pressure@896x672", notes, arms)
+    assert line is not None
+    assert (
+        f"ours 0.50 / {exp['lecar']:.2f} (lecar)" in line
+        and f"upstream 0.25 / {exp['fifo']:.2f} (fifo)" in line
+    )
