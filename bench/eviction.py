@@ -1,8 +1,10 @@
 """Eviction policies against each other: miss ratio against region size, per trace.
 
-Every trace of bench/cache_traces.py is replayed through our EntryTable (the shipped run floor and
-cap) with each policy, at regions of 5-50% of the trace's footprint (the blocks of its distinct
-items), and through vLLM's EmbeddingCache where vLLM imports (`.venv-vllm`):
+Every trace of bench/cache_traces.py (`SOURCES`, then the engine-shaped `ENGINE_SOURCES`: one
+request a step, one 768-row image each, the serving bench's own Zipf sampler) is replayed
+through our EntryTable (the shipped run floor and cap) with each policy, at regions of 5-50% of
+the trace's footprint (the blocks of its distinct items), and through vLLM's EmbeddingCache where
+vLLM imports (`.venv-vllm`):
 
     .venv/bin/python bench/eviction.py --json out/eviction.json --plot docs/img/eviction_miss_ratio.png
     .venv-vllm/bin/python bench/eviction.py --quick     # with vLLM's EmbeddingCache; ~1 min
@@ -14,7 +16,8 @@ beside them (bench/eviction_candidates.py): `clock` (CLOCK / SIEVE-like), `s3fif
 (S3-FIFO with the paper's ghost of a whole region and a read count capped at 3), `s3fifo-tinylfu`
 (S3-FIFO with a TinyLFU admission filter), `lfu` and `lfu-fast-aging` (least frequently used with
 a ghost of counts, halved every 10x / 1x the tracked keys' accesses; domain/eviction_lecar.py),
-and `wtinylfu` (bench/eviction_wtinylfu.py: W-TinyLFU with Caffeine's hill-climbing window).
+`wtinylfu` (bench/eviction_wtinylfu.py: W-TinyLFU with Caffeine's hill-climbing window) and
+`arc` (bench/eviction_arc.py: ARC counted in blocks).
 Offline references:
 `belady` (farthest next request first, in our table; ec_connector/benchmarks/replay.py) and
 `bound` (a lower bound on every policy's miss ratio; bench/eviction_offline.py). The driver
@@ -37,7 +40,8 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.cache_sides import BaselineSide, OursSide  # noqa: E402
-from bench.cache_traces import SOURCES, Trace, make_trace  # noqa: E402
+from bench.cache_traces import ENGINE_SOURCES, SOURCES, Trace, make_trace  # noqa: E402
+from bench.eviction_arc import ArcPolicy  # noqa: E402
 from bench.eviction_candidates import ClockPolicy, TinyLfuS3FifoPolicy  # noqa: E402
 from bench.eviction_offline import miss_ratio_bound  # noqa: E402
 from bench.eviction_wtinylfu import WTinyLfuPolicy  # noqa: E402
@@ -62,6 +66,7 @@ CANDIDATES = (
     "lfu-fast-aging",
     "lecar",
     "wtinylfu",
+    "arc",
 )
 WTINYLFU_VARIANTS: dict[str, dict[str, Any]] = {"wtinylfu": {}}
 FRACTIONS = (0.05, 0.10, 0.15, 0.25, 0.50)
@@ -91,6 +96,8 @@ def _ours(policy: str) -> Callable[[int], OursSide]:
             table._policy = LfuPolicy(num_blocks, evictable, age=1.0)
         elif policy == "lecar":
             table._policy = LeCarPolicy(num_blocks, evictable)
+        elif policy == "arc":
+            table._policy = ArcPolicy(num_blocks, evictable)
         elif policy in WTINYLFU_VARIANTS:
             table._policy = WTinyLfuPolicy(num_blocks, evictable, **WTINYLFU_VARIANTS[policy])
         else:
@@ -111,7 +118,7 @@ def _belady(num_blocks: int, positions: dict[str, list[int]], clock: RequestCloc
 def run(
     *,
     quick: bool = False,
-    traces: tuple[str, ...] = SOURCES,
+    traces: tuple[str, ...] = SOURCES + ENGINE_SOURCES,
     policies: tuple[str, ...] = CANDIDATES,
     offline: bool = True,
     steps: int | None = None,
@@ -195,7 +202,9 @@ def render(res: dict, shown: str = "s3fifo") -> str:
         )
         lines.append(f"  {'region':<8}" + "".join(f"{p:>16}" for p in policies) + f"{shown + '/fifo':>14}")
         for frac, cell in cells.items():
-            ratio = cell[shown]["miss_ratio"] / max(1e-9, cell["fifo"]["miss_ratio"])
+            ratio = (
+                cell[shown]["miss_ratio"] / max(1e-9, cell["fifo"]["miss_ratio"]) if shown in cell else 0.0
+            )
             lines.append(f"  {frac:<8}" + "".join(_cell(cell[p]) for p in policies) + f"{ratio:>14.3f}")
         for policy, t in res["targets"][name].items():
             lines.append(
@@ -253,7 +262,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true", help="1000 steps a trace (default 4000)")
     ap.add_argument("--steps", type=int, default=None)
     ap.add_argument("--seed", type=int, default=8)
-    ap.add_argument("--traces", nargs="+", choices=SOURCES, default=list(SOURCES))
+    ap.add_argument(
+        "--traces", nargs="+", choices=SOURCES + ENGINE_SOURCES, default=list(SOURCES + ENGINE_SOURCES)
+    )
     ap.add_argument("--policies", nargs="+", default=None, help="online policies to replay")
     ap.add_argument("--no-offline", action="store_true", help="leave out belady and the bound")
     ap.add_argument("--json", metavar="PATH")

@@ -17,6 +17,17 @@ model). What differs between traces is where items come from (`SOURCES`):
   (yesterday's popular images become rare, rare ones popular), so a policy that trusts old
   counts keeps stale images.
 
+The engine-shaped traces (`ENGINE_SOURCES`) are the serving bench's pressure workload
+(serving_workload.py) at length: one request a step, one 896x672 image each (768 rows: 5.25 MiB),
+no save fails, a pool of `ENGINE_POOL` images, the serving bench's own Zipf sampler and ranking
+(`serving_workload.build`, `zipf_draws`):
+
+- `engine0.6`, `engine0.8`, `engine1.0`: Zipf alpha over the pool, stationary;
+- `engine-drift`: Zipf 0.8 whose ranking is drawn afresh every `ENGINE_DRIFT_EVERY` requests.
+
+Few, equal, large items: a region of 10-25% of the footprint holds 40-100 of them, so a policy
+makes a few hundred evictions a trace where the other traces make tens of thousands.
+
 Everything is seeded: the same arguments give the same trace.
 """
 
@@ -28,6 +39,8 @@ import random
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from ec_connector.benchmarks.serving_workload import build, zipf_draws
+
 ROW_BYTES = 3584 * 2  # bf16 rows of a hidden-3584 model: 7 KiB
 IMAGE_MIX = ((64, 0.20), (256, 0.30), (880, 0.35), (2040, 0.15))  # rows, share
 MAX_ROWS = (16 << 20) // ROW_BYTES  # a 16 MiB encoder output
@@ -38,6 +51,11 @@ FAIL_SHARE = 0.01
 SCAN_EVERY = 40  # steps between bursts of one-hit images
 DRIFT_EVERY = 500  # steps between re-rankings of the `drift` trace's pool
 SOURCES = ("compare", "zipf0.6", "zipf0.8", "zipf1.0", "scan", "mixed", "drift")
+ENGINE_SOURCES = ("engine0.6", "engine0.8", "engine1.0", "engine-drift")
+ENGINE_SIZE = (896, 672)  # the serving bench's image: 768 tokens on Qwen2-VL-7B
+ENGINE_ROWS = 768
+ENGINE_POOL = 400  # images; the H200 pressure run drew from 391 (4x a 512 MiB region)
+ENGINE_DRIFT_EVERY = 500  # requests between re-rankings of `engine-drift` (1.25 pools' worth)
 
 
 @dataclass(frozen=True, slots=True)
@@ -141,14 +159,60 @@ def _source(name: str, rng: random.Random, pool: int) -> Source:
     if name == "mixed":
         lo, hi = math.log(64), math.log(MAX_ROWS)
         return _zipf_source(rng, 0.8, pool, lambda: int(math.exp(rng.uniform(lo, hi))))
-    raise ValueError(f"unknown trace {name!r}: expected one of {', '.join(SOURCES)}")
+    raise ValueError(f"unknown trace {name!r}: expected one of {', '.join(SOURCES + ENGINE_SOURCES)}")
+
+
+def engine_requests(*, steps: int, source: str, seed: int = 8, pool: int = ENGINE_POOL) -> list[int]:
+    """The image (by seed) of each of `steps` requests of an engine-shaped trace (`ENGINE_SOURCES`).
+    A stationary one is the serving bench's pressure workload: its fill (a quarter of the requests)
+    and one pass, flattened. `engine-drift` draws with the same sampler and re-ranks the pool every
+    `ENGINE_DRIFT_EVERY` requests."""
+    if source == "engine-drift":
+        rng = random.Random(f"engine-drift/{seed}")
+        images = list(range(pool))
+        out: list[int] = []
+        while len(out) < steps:
+            rng.shuffle(images)  # a new ranking of the same images
+            count = min(ENGINE_DRIFT_EVERY, steps - len(out))
+            out.extend(images[k] for k in zipf_draws(rng, pool, count, 0.8))
+        return out
+    if source not in ENGINE_SOURCES:
+        raise ValueError(f"unknown engine trace {source!r}: expected one of {', '.join(ENGINE_SOURCES)}")
+    fill = max(1, steps // 4)
+    item_bytes = ENGINE_ROWS * ROW_BYTES
+    wl = build(
+        "pressure",
+        ENGINE_SIZE,
+        requests=max(1, steps - fill),
+        passes=1,
+        item_bytes=item_bytes,
+        region_bytes=pool * item_bytes // 4,
+        pressure_pool=pool,
+        pressure_fill=fill,
+        zipf=float(source[len("engine") :]),
+        seed=seed,
+    )
+    return [s for p in wl.passes for s in p.seeds][:steps]
+
+
+def engine_trace(requests: list[int], rows: int, num_blocks: int, name: str) -> Trace:
+    """One request a step, each one image (its seed) of `rows` blocks; saves never fail (the
+    serving bench's replay, serving_expected.py)."""
+    steps = tuple(Step(((i, (Item(str(seed), rows, False),)),), ()) for i, seed in enumerate(requests))
+    return Trace(steps, 1, num_blocks, name)
 
 
 def make_trace(
-    *, steps: int, live: int, num_blocks: int, seed: int = 8, source: str = "compare", pool: int = 2000
+    *, steps: int, live: int, num_blocks: int, seed: int = 8, source: str = "compare", pool: int = 0
 ) -> Trace:
     """A workload of `live` concurrent requests over `steps` engine steps whose items come from
-    `source` (one of `SOURCES`; `pool`: images in a Zipf pool). Deterministic for its arguments."""
+    `source` (one of `SOURCES`; `pool`: images in a Zipf pool, 0: 2,000). An engine-shaped
+    `source` (`ENGINE_SOURCES`) ignores `live`: one request a step (`pool` 0: `ENGINE_POOL`).
+    Deterministic for its arguments."""
+    if source in ENGINE_SOURCES:
+        requests = engine_requests(steps=steps, source=source, seed=seed, pool=pool or ENGINE_POOL)
+        return engine_trace(requests, ENGINE_ROWS, num_blocks, source)
+    pool = pool or 2000
     rng = random.Random(seed)
     draw = _source(source, rng, pool)
     next_id = 0

@@ -1,6 +1,7 @@
 """The eviction bench's offline references and candidates (bench/eviction_offline.py,
-bench/eviction_candidates.py): the bound is below every policy's miss ratio, Belady evicts the
-entry requested farthest ahead, and the candidates keep the table's guarantees."""
+bench/eviction_candidates.py, bench/eviction_arc.py): the bound is below every policy's miss
+ratio, Belady evicts the entry requested farthest ahead, and the candidates keep the table's
+guarantees."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from hypothesis import strategies as st
 
 from bench.cache_traces import Trace, make_trace
 from bench.eviction import _belady, _ours, replay_hits
+from bench.eviction_arc import ArcPolicy
 from bench.eviction_candidates import ClockPolicy, TinyLfuS3FifoPolicy
 from bench.eviction_offline import (
     BeladyPolicy,
@@ -79,7 +81,7 @@ def test_belady_evicts_the_entry_requested_farthest_ahead():
 
 # --- the candidates keep the table's guarantees -------------------------------------------------
 
-CANDIDATES = ["clock", "s3fifo-tinylfu", "lfu", "lecar", "lecar-lru", "wtinylfu"]
+CANDIDATES = ["clock", "s3fifo-tinylfu", "lfu", "lecar", "lecar-lru", "wtinylfu", "arc"]
 KINDS = ["ready", "ready", "read", "pinned", "granted", "announced", "not_ready", "quarantined"]
 
 
@@ -93,6 +95,8 @@ def _candidate(name: str, table: EntryTable) -> EvictionPolicy:
         # (and stays) with nearly every victim the LRU expert's, "lecar" alternates the two experts
         lru_weight = 0.99 if name == "lecar-lru" else 0.5
         return LeCarPolicy(num_blocks, table._evictable, age=0.05, history_share=0.5, lru_weight=lru_weight)
+    if name == "arc":  # T1's target at half the region: victims come from both lists
+        return ArcPolicy(num_blocks, table._evictable, p_start=0.5)
     if name == "wtinylfu":  # a window of a fifth, a sample of 64 requests: the climber moves it
         return WTinyLfuPolicy(num_blocks, table._evictable, window_share=0.2, sample=0.5)
     return TinyLfuS3FifoPolicy(num_blocks, table._evictable, min_compact=8)
