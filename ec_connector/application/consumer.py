@@ -39,6 +39,11 @@ from ec_connector.ports.runtime import Clock
 
 log = structlog.get_logger(__name__)
 
+FALLBACK_MEMORY_S = 60.0
+"""An item whose pull a peer failed is not pulled again for this long: the request encodes it, and
+the same peer would most likely fail it again. A pull this region had no room for is not
+remembered: the next request for the item may find room."""
+
 _LANDING_POLL_S = 0.001
 """How often `await_landed` looks at READs in flight: a READ's completion has no event to wait on,
 a pull lands in about a millisecond, and the control client's waits are whole milliseconds."""
@@ -158,7 +163,7 @@ class ConsumerFetcher:
                     self._on_ack(reply.address, reply.ack, now)
         for key, fetch in list(self._fetches.items()):
             self._progress(key, fetch, now)  # its lines name the fetch themselves
-        horizon = now - self._config.announce_lease_s
+        horizon = now - FALLBACK_MEMORY_S
         self._fell_back = {k: t for k, t in self._fell_back.items() if t > horizon}
 
     def has_pending_work(self) -> bool:
@@ -268,7 +273,7 @@ class ConsumerFetcher:
                 waiting_without_media=set() if item.has_media else {request_id},
             )
             if reservation is None:
-                self._fall_back(item.key, now, "region_full")
+                self.stats.fallbacks += 1  # not remembered: the region's room, not the peer, refused
                 self._log_transfer(item.key, fetch, now, "region_full")
                 return False
             self._fetches[item.key] = fetch

@@ -56,10 +56,11 @@ class ProducerDesk:
     def publish(self, items: Mapping[str, Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
         """`ec_transfer_params` for a finished request's items (identifier → placeholder metadata).
 
-        Items held in the tier (saved, or still saving) are announced under a lease so they
-        survive until read; the others are published without address (both halves or neither).
+        Items held in the tier (saved, or still saving) are announced, held for the config's
+        `announce_hold_s` (until read) where that is above 0; the others are published without
+        address (both halves or neither).
         """
-        servable = self._tier.announce(items, lease_s=self._config.announce_lease_s)
+        servable = self._tier.announce(items, lease_s=self._config.announce_hold_s)
         self.stats.announced += len(servable)
         self.stats.unservable += len(items) - len(servable)
         return publish(items, servable, self._address)

@@ -171,9 +171,10 @@ class TierScheduler:
     # -- P2P, producer side ----------------------------------------------------------------
 
     def announce(self, keys: Iterable[str], *, lease_s: float) -> dict[str, int]:
-        """Announce the servable ones of `keys` for `lease_s` (they survive until read, or the lease
-        ends); their size in bytes by key. Servable: held (saved or still saving), not quarantined,
-        and few enough runs for one ack. Each announcement is published as an event."""
+        """Announce the servable ones of `keys`, held for `lease_s` (they survive until read, or the
+        lease ends; 0: not held, they stay in the eviction order); their size in bytes by key.
+        Servable: held (saved or still saving), not quarantined, and few enough runs for one ack.
+        Each announcement is published as an event."""
         servable: dict[str, int] = {}
         with self._lock:
             now = self._clock.now()
@@ -181,7 +182,8 @@ class TierScheduler:
                 entry = self._table.get(key)
                 if entry is None or entry.phase is Phase.QUARANTINED or not fits_one_ack(entry):
                     continue
-                self._table.announce(key, now=now, lease_s=lease_s)
+                if lease_s > 0:
+                    self._table.announce(key, now=now, lease_s=lease_s)
                 servable[key] = entry.rows * self._row_bytes
                 self._publish(EventKind.ANNOUNCED, key, entry.rows)
         return servable

@@ -54,6 +54,11 @@ STEP_PULL_WAIT_S = 0.005
 two milliseconds (ack and READ), and a request whose pull lands while its step is scheduled runs in
 that step instead of the next, which saves it a whole step (tens of milliseconds)."""
 
+ANNOUNCE_LEASE_S = 60.0
+"""Default of `announce_lease_s` on `ec_producer`: what it publishes is held (not evicted unless
+read) long enough for the consumer its orchestrator picks to pull it; `ec_both`'s default is 0
+(ConnectorConfig.announce_hold_s)."""
+
 MAX_ENTRY_RUNS = 4
 """Default of `ec_max_entry_runs`. Each run of an entry is one copy handed to the driver at launch and
 one NIXL descriptor, and a full tier with out-of-order frees drifts to many runs per entry; a cap of 4
@@ -70,7 +75,11 @@ class ConnectorConfig:
     read_timeout_s: float = 20.0
     quarantine_s: float = 60.0
     producer_pin_lease_s: float = 30.0
-    announce_lease_s: float = 60.0
+    announce_lease_s: float | None = None
+    """How long an entry this instance published in `ec_transfer_params` is held, not evicted unless
+    read (`announce_lease_s`); 0: not held (it stays in the eviction order; a consumer that asks
+    after it left is answered NACK_MISSING and encodes). None: the role's default
+    (`announce_hold_s`)."""
     save_lease_s: float = 30.0
     not_ready_backoff_s: float = 0.005
     """First retry delay after NACK_NOT_READY, doubling each retry: a producer answers that when a
@@ -103,13 +112,22 @@ class ConnectorConfig:
     request's items are stored and looked up under keys of its salt's scope (domain/scope.py);
     unsalted requests use vLLM's identifiers unchanged. False: one key per identifier, as vLLM."""
 
+    @property
+    def announce_hold_s(self) -> float:
+        """Seconds a published entry is held: `announce_lease_s`, else the role's default,
+        ANNOUNCE_LEASE_S on `ec_producer` (its region serves its consumers) and 0 on `ec_both` (its
+        region also serves its own requests and its fleet, and holding all it published for a
+        minute would leave its eviction policy nothing recent to evict)."""
+        if self.announce_lease_s is not None:
+            return self.announce_lease_s
+        return ANNOUNCE_LEASE_S if self.role is Role.PRODUCER else 0.0
+
 
 _SECONDS_KEYS = (
     "consumer_ack_timeout_s",
     "read_timeout_s",
     "quarantine_s",
     "producer_pin_lease_s",
-    "announce_lease_s",
     "save_lease_s",
     "not_ready_backoff_s",
     "not_ready_backoff_max_s",
@@ -125,6 +143,7 @@ KNOWN_KEYS = frozenset(
         "tenant_scopes",
         "step_ack_wait_s",
         "step_pull_wait_s",
+        "announce_lease_s",
         *_SECONDS_KEYS,
     }
 )
@@ -208,10 +227,12 @@ def _finite_number(key: str, value: object, form: str, finite_form: str | None =
     return number
 
 
-def parse_seconds(key: str, value: object) -> float:
-    form = "a finite number of seconds > 0, e.g. 2.0"
-    seconds = _finite_number(key, value, "a number of seconds > 0, e.g. 2.0", form)
-    if seconds <= 0:
+def parse_seconds(key: str, value: object, *, zero: bool = False) -> float:
+    """Seconds > 0, or >= 0 with `zero` (where 0 turns the key's hold off)."""
+    bound = ">= 0" if zero else "> 0"
+    form = f"a finite number of seconds {bound}, e.g. 2.0"
+    seconds = _finite_number(key, value, f"a number of seconds {bound}, e.g. 2.0", form)
+    if seconds < 0 or (seconds == 0 and not zero):
         raise reject(key, value, form)
     return seconds
 
@@ -270,6 +291,8 @@ def parse_config(extra: object, *, role: object, other_keys: frozenset[str] = fr
     for key in _SECONDS_KEYS:
         if key in extra:
             fields[key] = parse_seconds(key, extra[key])
+    if "announce_lease_s" in extra:
+        fields["announce_lease_s"] = parse_seconds("announce_lease_s", extra["announce_lease_s"], zero=True)
     for key, default in (("step_ack_wait_s", STEP_ACK_WAIT_S), ("step_pull_wait_s", STEP_PULL_WAIT_S)):
         if key in extra:
             fields[key] = parse_step_wait(key, extra[key], default)

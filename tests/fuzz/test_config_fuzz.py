@@ -56,6 +56,8 @@ def check(extra: object, role: object) -> None:
     for name in _SECONDS_KEYS:
         value = getattr(config, name)
         assert isinstance(value, float) and math.isfinite(value) and value > 0, (name, value)
+    hold = config.announce_hold_s
+    assert isinstance(hold, float) and math.isfinite(hold) and hold >= 0, hold
     assert config.not_ready_backoff_max_s >= config.not_ready_backoff_s
     assert isinstance(config.enable_nixl, bool)
 

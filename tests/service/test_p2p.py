@@ -31,11 +31,18 @@ META = {"image_grid_thw": [1, 4, 4]}
 class Pair:
     """A producer engine and a consumer engine joined by in-memory control and data planes."""
 
-    def __init__(self, *, producer_hold: bool = False, consumer_fp: str = FP, **config: object) -> None:
+    def __init__(
+        self,
+        *,
+        producer_hold: bool = False,
+        consumer_fp: str = FP,
+        producer_role: Role = Role.PRODUCER,
+        **config: object,
+    ) -> None:
         self.clock = ManualClock(100.0)
         self.world = MemoryPeerWorld()
         self.net = MemoryNetwork()
-        self.producer = Engine(role=Role.PRODUCER, clock=self.clock, hold=producer_hold, **config)
+        self.producer = Engine(role=producer_role, clock=self.clock, hold=producer_hold, **config)
         self.producer_transport = MemoryPeerTransport(self.world, "prod", self.producer.region)
         self.producer_stats = PeerStats()
         self.desk = self._desk(self.producer_transport)
@@ -115,6 +122,31 @@ def test_items_the_producer_cannot_serve_are_published_without_address():
     assert pair.consumer_stats.requests_sent == 0
 
 
+@pytest.mark.parametrize(("role", "held"), [(Role.PRODUCER, True), (Role.BOTH, False)])
+def test_a_published_entry_is_held_on_a_producer_and_stays_in_the_eviction_order_on_ec_both(role, held):
+    pair = Pair(producer_role=role, num_blocks=8)
+    params = pair.produce([("first", 4)])
+    assert set(params["first"]) == {"metadata", "peer_host", "peer_port", "size_bytes"}
+    pair.produce([("second", 4)])
+    third = pair.produce([("third", 4)])  # needs the blocks of one of the two published before
+    assert pair.producer.scheduler.holds("first") is held
+    assert (third["third"] == {"metadata": {}}) is held, "a producer holding both has no room for a third"
+    assert pair.producer_stats.announced == 3 - held
+
+
+def test_a_pull_the_region_had_no_room_for_is_tried_again_once_there_is_room():
+    pair = Pair(num_blocks=8)
+    params = pair.produce([("img", 6)])
+    blocker = pair.consumer.scheduler.reserve_fetch("blocker", 4, now=pair.clock.now(), lease_s=60.0)
+    assert blocker is not None
+    assert pair.fetch(params, [("img", 6)]) is True, "no room: encode here"
+    assert pair.consumer_stats.fallbacks == 1 and pair.consumer_stats.requests_sent == 0
+    pair.consumer.scheduler.fail_fetch("blocker", now=pair.clock.now())
+    assert pair.fetch(params, [("img", 6)], request_id="r2") is False, "room now: pulled"
+    assert pair.run_until_available(params, [("img", 6)], request_id="r2")
+    assert pair.consumer_stats.requests_sent == 1 and pair.consumer_stats.reads_done == 1
+
+
 def _answering(pair: Pair, status: AckStatus) -> None:
     pair.server.close()
     MemoryControlServer(pair.net, ADDR).start(
@@ -142,7 +174,7 @@ def test_every_nack_but_not_ready_falls_back_and_frees_the_reservation(status):
 def test_an_evicted_item_is_answered_missing():
     pair = Pair()
     params = pair.produce([("img", 4)])
-    pair.clock.advance(pair.producer.config.announce_lease_s)  # the announcement ends
+    pair.clock.advance(pair.producer.config.announce_hold_s)  # the announcement ends
     pair.producer.step([("other", pair.producer.layout.num_blocks)])  # and a save evicts the item
     assert not pair.producer.scheduler.holds("img") and pair.producer.scheduler.holds("other")
     assert pair.run_until_available(params, [("img", 4)])

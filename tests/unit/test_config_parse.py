@@ -40,7 +40,7 @@ def test_minimal_config_takes_every_documented_default():
     assert config.read_timeout_s == 20.0
     assert config.quarantine_s == 60.0
     assert config.producer_pin_lease_s == 30.0
-    assert config.announce_lease_s == 60.0
+    assert config.announce_lease_s is None and config.announce_hold_s == 0.0  # a consumer publishes nothing
     assert config.save_lease_s == 30.0
     assert config.not_ready_backoff_s == 0.005
     assert config.not_ready_backoff_max_s == 1.0

@@ -20,7 +20,6 @@ SECONDS_KEYS = [
     "read_timeout_s",
     "quarantine_s",
     "producer_pin_lease_s",
-    "announce_lease_s",
     "save_lease_s",
     "not_ready_backoff_s",
     "not_ready_backoff_max_s",
@@ -239,6 +238,36 @@ def test_positive_seconds_value_is_accepted(key, value):
     config = parse_tier(**extra)
     assert getattr(config, key) == float(value)
     assert type(getattr(config, key)) is float
+
+
+@pytest.mark.parametrize(
+    ("role", "hold"), [("ec_producer", 60.0), ("ec_both", 0.0), ("ec_consumer", 0.0)]
+)
+def test_a_published_entry_is_held_a_minute_on_a_producer_and_not_held_on_ec_both(role, hold):
+    config = parse_tier(role=role)
+    assert config.announce_lease_s is None and config.announce_hold_s == hold
+
+
+@pytest.mark.parametrize("value", [0, 0.0, 2, 7.5])
+@pytest.mark.parametrize("role", ["ec_producer", "ec_both"])
+def test_announce_lease_s_set_is_the_hold_on_every_role_and_zero_turns_it_off(role, value):
+    config = parse_tier(role=role, announce_lease_s=value)
+    assert config.announce_hold_s == float(value) and type(config.announce_lease_s) is float
+
+
+@pytest.mark.parametrize(
+    ("value", "shown", "form"),
+    [
+        (-1, "-1", "a finite number of seconds >= 0, e.g. 2.0"),
+        (math.nan, "nan", "a finite number of seconds >= 0, e.g. 2.0"),
+        (math.inf, "inf", "a finite number of seconds >= 0, e.g. 2.0"),
+        ("60", "'60'", "a number of seconds >= 0, e.g. 2.0"),
+        (None, "None", "a number of seconds >= 0, e.g. 2.0"),
+    ],
+)
+def test_bad_announce_lease_s_is_rejected(value, shown, form):
+    with rejects(f"ec_connector_extra_config['announce_lease_s'] = {shown} is invalid: expected {form}"):
+        parse_tier(announce_lease_s=value)
 
 
 def test_backoff_max_below_backoff_is_rejected():
