@@ -40,9 +40,14 @@ just awake: on the GPU machine's 16-core host a round trip of our client and ser
 idle took 646 µs with the thread blocked in poll, 458 µs with this tick. The cost, ~1000 empty
 wake-ups a second, is small beside NIXL's progress thread, which spins a whole core in the same
 producer."""
-NOT_READY_HOLD_S = 0.01
-"""Default hold of an ask whose entry is still saving: a 5.5 MB save lands a few milliseconds
-after its launch (GPU copy, then the worker's report of it)."""
+NOT_READY_HOLD_S = 0.25
+"""Default hold of an ask whose entry is still saving. The producer's scheduler sees a save land
+only at its next engine step (the worker reports it with the step's output), and a producer
+encoding batches of large images steps every 50-150 ms: on the H200 E->PD bench a 10 ms hold still
+left 129 of 435 asks answered NACK_NOT_READY, each retry then costing the consumer another step
+(146 ms p50 with one retry, 296 ms with two). A hold a few producer steps long answers nearly every
+ask with its grant; it stays well under the consumer's `consumer_ack_timeout_s` (2 s by default),
+which must stay above it."""
 
 
 class ControlBindError(ECConnectorError, OSError):
