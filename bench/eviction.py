@@ -221,6 +221,9 @@ def _cell(c: dict) -> str:
     return f"{c['miss_ratio']:>11.3f}/{byte}"
 
 
+OFFLINE_STYLES = {"belady": "--", "bound": ":"}
+
+
 def plot(res: dict, path: str) -> None:
     plt = pyplot()
 
@@ -231,10 +234,17 @@ def plot(res: dict, path: str) -> None:
     for ax, name in zip(axes.flat, traces, strict=False):
         rows = res["traces"][name]
         fracs = [float(f) for f in rows["by_fraction"]]
-        for policy in next(iter(rows["by_fraction"].values())):
+        policies = list(next(iter(rows["by_fraction"].values())))
+        online = [p for p in policies if p not in OFFLINE_STYLES]
+        # one colour per online policy (black for the offline ones): the default cycle repeats
+        # past ten lines, which gave belady fifo's colour
+        cmap = plt.get_cmap("tab10" if len(online) <= 10 else "tab20")
+        colours = {p: cmap(k % cmap.N) for k, p in enumerate(online)}
+        for policy in policies:
             ys = [cell[policy]["miss_ratio"] for cell in rows["by_fraction"].values()]
-            style = {"belady": "--", "bound": ":"}.get(policy, "-")
-            ax.plot([100 * f for f in fracs], ys, marker="o", ls=style, label=policy)
+            style = OFFLINE_STYLES.get(policy, "-")
+            colour = "black" if policy in OFFLINE_STYLES else colours[policy]
+            ax.plot([100 * f for f in fracs], ys, marker="o", ls=style, color=colour, label=policy)
         ax.axhline(rows["compulsory_miss_ratio"], color="grey", ls=":", lw=1, label="compulsory")
         ax.axvspan(10, 25, color="tab:green", alpha=0.07)
         ax.set_title(name)

@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from ec_connector.benchmarks.cache_sides import OursSide
-from ec_connector.benchmarks.cache_traces import ROW_BYTES, Item, Step, Trace
+from ec_connector.benchmarks.cache_traces import ROW_BYTES, Trace, engine_trace
 from ec_connector.benchmarks.replay import BeladyPolicy, RequestClock, replay_hits, request_positions
 from ec_connector.benchmarks.replay_pair import replay_pair
 from ec_connector.benchmarks.serving_engine import replica_for
@@ -33,8 +33,7 @@ ONLINE = ("fifo", "s3fifo")
 
 def serving_trace(requests: Sequence[int], rows: int, num_blocks: int) -> Trace:
     """One request a step, each one image (its seed) of `rows` blocks; saves never fail."""
-    steps = tuple(Step(((i, (Item(str(seed), rows, False),)),), ()) for i, seed in enumerate(requests))
-    return Trace(steps, 1, num_blocks, "serving")
+    return engine_trace(list(requests), rows, num_blocks, "serving")
 
 
 def hit_ratios(
