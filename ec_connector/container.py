@@ -51,7 +51,7 @@ from ec_connector.adapters.zmq_settings import (
 from ec_connector.adapters.zmq_settings import KEYS as ZMQ_KEYS
 from ec_connector.application import TierScheduler, TierWorker
 from ec_connector.application.consumer import ConsumerFetcher
-from ec_connector.application.fleet import FleetFetcher, FleetStats, FleetUpdater
+from ec_connector.application.fleet import RECENT_LOCAL_ROWS, FleetFetcher, FleetStats, FleetUpdater
 from ec_connector.application.producer import ProducerDesk
 from ec_connector.application.roles import (
     Allocations,
@@ -553,7 +553,7 @@ DEFAULTS: dict[str, object] = {
     "fingerprint": "",
     "side_host": DEFAULT_SIDE_CHANNEL_HOST,
     "side_port": DEFAULT_SIDE_CHANNEL_PORT,
-    "encoder_cache_rows": 8192,
+    "encoder_cache_rows": RECENT_LOCAL_ROWS,
 }
 
 

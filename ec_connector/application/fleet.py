@@ -42,6 +42,10 @@ from ec_connector.ports.runtime import Clock
 
 log = structlog.get_logger(__name__)
 
+RECENT_LOCAL_ROWS = 8192
+"""The "allocated here recently" window, in rows, where the engine does not give its encoder
+cache size (`scheduler_config.encoder_cache_size`; 8192 is a typical `max_num_batched_tokens`)."""
+
 
 @dataclass(slots=True)
 class FleetStats:
@@ -229,7 +233,7 @@ class FleetFetcher:
         engine_id: str,
         stats: FleetStats,
         max_pulls_in_flight: int = 64,
-        recent_local_rows: int = 8192,
+        recent_local_rows: int = RECENT_LOCAL_ROWS,
     ) -> None:
         self._tier = tier
         self._fetcher = fetcher
