@@ -437,3 +437,26 @@ def test_a_stopped_server_is_lost_when_its_heartbeats_go_unanswered(
     started = time.monotonic()
     assert collect(client, 1) == [Reply(frozen.address, None)]
     assert time.monotonic() - started < LOSS_BOUND_S
+
+
+def test_a_held_ask_is_asked_again_at_doubling_gaps_not_every_wake_up(client: ZmqControlClient) -> None:
+    """Held 0.2 s and never saved: asked again after 1, 2, then every 4 ms (about 50 asks), not at
+    each 1 ms wake-up (about 200), then answered NACK_NOT_READY."""
+    asks: list[float] = []
+
+    def never_saved(req: XferReq) -> XferAck:
+        asks.append(time.monotonic())
+        return XferAck(PROTOCOL_VERSION, req.mm_hash, AckStatus.NACK_NOT_READY)
+
+    made = ZmqControlServer("127.0.0.1", 0, not_ready_hold_s=0.2)
+    made.start(never_saved, lambda done: None)
+    try:
+        client.send(made.address, REQ)
+        replies = collect(client, 1)
+        assert [r.ack.status for r in replies if r.ack] == [AckStatus.NACK_NOT_READY]
+        assert asks[-1] - asks[0] >= 0.19, "held for its whole hold"
+        assert 10 <= len(asks) <= 60, len(asks)
+        gaps = [b - a for a, b in zip(asks[2:], asks[3:], strict=False)]
+        assert min(gaps) >= 0.0035, "once at its cap, no two asks closer than the 4 ms gap"
+    finally:
+        made.close()
