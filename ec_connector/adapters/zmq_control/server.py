@@ -1,4 +1,4 @@
-"""The producer's side channel: a ZMQ ROUTER answered from its own I/O thread (DESIGN decision 4).
+"""The producer's side channel: a ZMQ ROUTER answered from its own I/O thread.
 
 The thread owns the socket once `start` runs: it reads each request, calls the application's
 thread-safe callback and sends the ack straight back to that peer, so ack latency never waits for
@@ -7,8 +7,8 @@ quick lookup (the producer desk's is a table read under a lock), never a wait on
 
 An ask answered NACK_NOT_READY (the entry's save has not landed) is held instead, and asked of
 `on_request` again at doubling gaps from 1 to 4 ms, for up to `not_ready_hold_s`: answered as soon
-as the save is seen, or NACK_NOT_READY when the hold ends. Consumers ask within milliseconds of a save's launch;
-held, their ask is granted a few milliseconds later rather than retried on a later engine step.
+as the save is seen, or NACK_NOT_READY when the hold ends. Consumers ask before the producer has
+seen a save land; held, their ask is granted then rather than retried on a later engine step.
 """
 
 from __future__ import annotations
