@@ -42,13 +42,13 @@ idle took 646 µs with the thread blocked in poll, 458 µs with this tick. The c
 wake-ups a second, is small beside NIXL's progress thread, which spins a whole core in the same
 producer."""
 NOT_READY_HOLD_S = 0.25
-"""Default hold of an ask whose entry is still saving. The producer's scheduler sees a save land
-only at its next engine step (the worker reports it with the step's output), and a producer
-encoding batches of large images steps every 50-150 ms: on the H200 E->PD bench a 10 ms hold still
-left 129 of 435 asks answered NACK_NOT_READY, each retry then costing the consumer another step
-(146 ms p50 with one retry, 296 ms with two). A hold a few producer steps long answers nearly every
-ask with its grant; it stays well under the consumer's `consumer_ack_timeout_s` (2 s by default),
-which must stay above it."""
+"""Default hold of an ask whose entry is still saving. A consumer asks as soon as the producer
+publishes, which can be before the save's copy has run on the busy producer GPU and been reported
+by its worker: on the H200 E->PD bench a 10 ms hold still left 129 of 435 asks answered
+NACK_NOT_READY, each retry then costing the consumer another engine step (146 ms p50 with one
+retry, 296 ms with two). A hold of a few producer steps (50-150 ms each there) answers nearly
+every ask with its grant; it stays well under the consumer's `consumer_ack_timeout_s` (2 s by
+default), which must stay above it."""
 
 
 _REASK_FIRST_S = 0.001
