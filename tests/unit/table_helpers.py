@@ -23,3 +23,14 @@ def put_ready(table: EntryTable, key: str, rows: int, now: float = 0.0) -> None:
 def keys_of(table: EntryTable) -> list[str]:
     """The table's keys in reservation order."""
     return [e.key for e in table.entries()]
+
+
+def request(table: EntryTable, key: str, rows: int = 1) -> bool:
+    """One request of `key`: a hit reads it (pin, unpin), a miss reserves it and marks it ready.
+    True on a hit."""
+    if key in table:
+        table.pin(key)
+        table.unpin(key)
+        return True
+    put_ready(table, key, rows)
+    return False

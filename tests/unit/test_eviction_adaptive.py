@@ -6,8 +6,7 @@ from __future__ import annotations
 
 from ec_connector.domain.cache import EntryTable
 from ec_connector.domain.eviction_lecar import LeCarPolicy
-
-LEASE = 100.0
+from tests.unit.table_helpers import request
 
 
 def _table(num_blocks: int, **kw: float) -> tuple[EntryTable, LeCarPolicy]:
@@ -17,18 +16,6 @@ def _table(num_blocks: int, **kw: float) -> tuple[EntryTable, LeCarPolicy]:
     return table, policy
 
 
-def _request(table: EntryTable, key: str, rows: int = 1) -> bool:
-    """One request of `key`: a hit reads it (pin, unpin), a miss reserves it and marks it ready.
-    True on a hit."""
-    if key in table:
-        table.pin(key)
-        table.unpin(key)
-        return True
-    assert table.reserve(key, rows, now=0.0, lease_s=LEASE) is not None
-    table.mark_ready(key)
-    return False
-
-
 def test_on_stationary_popularity_the_lfu_expert_takes_over_and_keeps_the_popular_keys():
     table, policy = _table(10)
     hot = [f"h{i}" for i in range(6)]
@@ -36,8 +23,8 @@ def test_on_stationary_popularity_the_lfu_expert_takes_over_and_keeps_the_popula
     for n in range(400):
         # the hot keys come back every few requests, in between a one-off each time: LRU evicts
         # the hot key read longest ago (it comes back: a regret), LFU a one-off (never back)
-        hits += _request(table, hot[n % len(hot)])
-        _request(table, f"once{n}")
+        hits += request(table, hot[n % len(hot)])
+        request(table, f"once{n}")
     assert policy.lru_weight < 0.05
     assert all(key in table for key in hot)
     assert hits > 0.9 * 400
@@ -48,11 +35,11 @@ def test_when_popularity_moves_the_lru_expert_takes_over_and_the_stale_keys_leav
     old = [f"a{i}" for i in range(6)]
     for _ in range(10):  # high counts for keys never requested again
         for key in old:
-            _request(table, key)
+            request(table, key)
     new = [f"b{i}" for i in range(8)]
     for _ in range(40):  # now 8 new keys cycle: LFU would evict them (low counts), not the stale ones
         for key in new:
-            _request(table, key)
+            request(table, key)
     assert policy.lru_weight > 0.5
     assert sum(key in table for key in old) <= 2
     assert sum(key in table for key in new) >= 8 - 2
@@ -61,13 +48,13 @@ def test_when_popularity_moves_the_lru_expert_takes_over_and_the_stale_keys_leav
 def test_a_regret_lowers_the_weight_of_the_expert_that_evicted_the_key():
     table, policy = _table(4, learning_rate=0.45)
     for key in "abcd":
-        _request(table, key)
-    _request(table, "a")  # "a": count 2, most recent; LRU's victim now "b", LFU's too
+        request(table, key)
+    request(table, "a")  # "a": count 2, most recent; LRU's victim now "b", LFU's too
     weight = policy.lru_weight
-    _request(table, "e")  # one eviction, following one expert, is remembered in its history
+    request(table, "e")  # one eviction, following one expert, is remembered in its history
     (gone,) = [key for key in "abcd" if key not in table]
     chose_lru = gone in policy._history[0]
-    _request(table, gone)  # the evicted key is wanted again: that expert regrets it
+    request(table, gone)  # the evicted key is wanted again: that expert regrets it
     assert (policy.lru_weight < weight) if chose_lru else (policy.lru_weight > weight)
 
 
@@ -75,7 +62,7 @@ def test_victims_follow_the_weights_share_of_evictions():
     # every eviction below is of a one-off that never comes back: nothing regrets, the weight stays
     table, policy = _table(50, lru_weight=0.3, history_share=40.0)  # histories hold every victim
     for n in range(1000):
-        _request(table, f"k{n}")
+        request(table, f"k{n}")
     by_lru, by_lfu = (len(history) for history in policy._history)
     assert policy.lru_weight == 0.3
     assert abs(by_lru / (by_lru + by_lfu) - 0.3) < 0.02

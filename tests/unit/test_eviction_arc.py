@@ -6,8 +6,7 @@ from __future__ import annotations
 
 from bench.eviction_arc import ArcPolicy
 from ec_connector.domain.cache import EntryTable
-
-LEASE = 100.0
+from tests.unit.table_helpers import request
 
 
 def _table(num_blocks: int, **kw: float) -> tuple[EntryTable, ArcPolicy]:
@@ -17,33 +16,23 @@ def _table(num_blocks: int, **kw: float) -> tuple[EntryTable, ArcPolicy]:
     return table, policy
 
 
-def _request(table: EntryTable, key: str, rows: int = 1) -> bool:
-    if key in table:
-        table.pin(key)
-        table.unpin(key)
-        return True
-    assert table.reserve(key, rows, now=0.0, lease_s=LEASE) is not None
-    table.mark_ready(key)
-    return False
-
-
 def test_a_key_seen_once_leaves_before_a_key_read_again():
     table, _ = _table(4)
     for key in "abcd":
-        _request(table, key)
-    _request(table, "a")  # "a" moves to T2; T1 holds b, c, d over a target of 0
-    _request(table, "e")
+        request(table, key)
+    request(table, "a")  # "a" moves to T2; T1 holds b, c, d over a target of 0
+    request(table, "e")
     assert "a" in table and "b" not in table
 
 
 def test_a_come_back_from_the_first_ghost_raises_the_target_and_keeps_the_scan_out_of_t2():
     table, policy = _table(4)
     for key in "abcd":
-        _request(table, key)
-    _request(table, "a")  # "a" in T2; b, c, d in T1
-    _request(table, "e")  # evicts "b" from T1 into B1 (T1 and B1 hold 4 blocks: within the region)
+        request(table, key)
+    request(table, "a")  # "a" in T2; b, c, d in T1
+    request(table, "e")  # evicts "b" from T1 into B1 (T1 and B1 hold 4 blocks: within the region)
     assert policy.t1_target == 0 and "b" in policy._ghosts[1]
-    _request(table, "b")  # T1 let "b" go too early: the target grows by its rows, "b" joins T2
+    request(table, "b")  # T1 let "b" go too early: the target grows by its rows, "b" joins T2
     assert policy.t1_target >= 1
     assert "b" in policy._lists[2]
 
@@ -51,20 +40,20 @@ def test_a_come_back_from_the_first_ghost_raises_the_target_and_keeps_the_scan_o
 def test_a_come_back_from_the_second_ghost_lowers_the_target():
     table, policy = _table(4, p_start=1.0)
     for key in "ab":
-        _request(table, key)
-        _request(table, key)  # a and b in T2
+        request(table, key)
+        request(table, key)  # a and b in T2
     for key in "cd":
-        _request(table, key)
-    _request(table, "e")  # T1 (c, d: 2 blocks) is within its target of 4: T2's LRU "a" goes to B2
+        request(table, key)
+    request(table, "e")  # T1 (c, d: 2 blocks) is within its target of 4: T2's LRU "a" goes to B2
     assert "a" not in table and "a" in policy._ghosts[2]
-    _request(table, "a")
+    request(table, "a")
     assert policy.t1_target < 4
 
 
 def test_the_ghosts_stay_within_the_region_and_twice_it():
     table, policy = _table(8)
     for n in range(200):
-        _request(table, f"k{n % 37}", rows=1 + n % 3)
+        request(table, f"k{n % 37}", rows=1 + n % 3)
         rows, ghosts = policy._rows, policy._ghost_rows
         assert rows[1] + ghosts[1] <= 8 or not policy._ghosts[1]
         assert sum(rows.values()) + sum(ghosts.values()) <= 16 or not policy._ghosts[2]
