@@ -58,10 +58,10 @@ landing within 4 ms, and an ask held the whole hold costs the scheduler's lock a
 rather than one each millisecond."""
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class _Held:
     """An ask answered NACK_NOT_READY, held: its peer, the ask, the hold's end, when it is asked
-    again, and the gap before that."""
+    again, and the gap before that (both moved on at each ask, by the I/O thread alone)."""
 
     peer: bytes
     req: XferReq
@@ -230,8 +230,9 @@ class ZmqControlServer:
                 continue
             ack = self._answer(held.req)
             if ack.status is AckStatus.NACK_NOT_READY and now < held.until:
-                gap = min(2 * held.gap, _REASK_MAX_S)
-                still.append(_Held(held.peer, held.req, held.until, now + gap, gap))
+                held.gap = min(2 * held.gap, _REASK_MAX_S)
+                held.next_at = now + held.gap
+                still.append(held)
             else:
                 self._reply(held.peer, self._encoded(held.req, ack))
         self._held = still
