@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from ec_connector.benchmarks.cache_sides import OursSide
-from ec_connector.benchmarks.cache_traces import ROW_BYTES, Trace, engine_trace
+from ec_connector.benchmarks.cache_traces import ROW_BYTES, engine_trace
 from ec_connector.benchmarks.replay import BeladyPolicy, RequestClock, replay_hits, request_positions
 from ec_connector.benchmarks.replay_pair import replay_pair
 from ec_connector.benchmarks.serving_engine import replica_for
@@ -31,17 +31,12 @@ from ec_connector.domain.pull_rule import PullRule
 ONLINE = ("fifo", "s3fifo")
 
 
-def serving_trace(requests: Sequence[int], rows: int, num_blocks: int) -> Trace:
-    """One request a step, each one image (its seed) of `rows` blocks; saves never fail."""
-    return engine_trace(list(requests), rows, num_blocks, "serving")
-
-
 def hit_ratios(
     requests: Sequence[int], count_from: int, rows: int, num_blocks: int, policies: Sequence[str] = ONLINE
 ) -> dict[str, float]:
     """Hit ratio of the requests from index `count_from` on, per policy (`policies`, then belady),
     after the earlier ones were served in the same region."""
-    trace = serving_trace(requests, rows, num_blocks)
+    trace = engine_trace(list(requests), rows, num_blocks, "serving")
     out = {}
     for policy in policies:
         res = replay_hits(OursSide(num_blocks, eviction=policy), trace, count_from=count_from)
@@ -93,7 +88,7 @@ def expected(
         if replicas == 2:
             routes = [replica_for(i, replicas) for p in passes for i in range(len(p))]
             sides = [OursSide(region_bytes // replicas // ROW_BYTES) for _ in range(2)]
-            trace = serving_trace(flat, rows, 0)
+            trace = engine_trace(flat, rows, 0, "serving")
             measured_from = sum(map(len, passes[:first]))
             fleet = replay_pair(
                 trace, sides, share=True, rule=rule, count_from=measured_from, replica_of=routes.__getitem__
