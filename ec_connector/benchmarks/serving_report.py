@@ -235,7 +235,7 @@ def plot(runs: list[dict[str, Any]], path: Path) -> None:
                 lows.append(m - min(vals))
                 highs.append(max(vals) - m)
             ax.bar(xs, mids, width, yerr=[lows, highs], capsize=3, label=arm)
-        ax.set_xticks(range(len(keys)), [f"{k[1]}\n{k[0]}" for k in keys], fontsize=7)
+        ax.set_xticks(range(len(keys)), ["\n".join([*k[1].split("@"), k[0]]) for k in keys], fontsize=7)
         ax.set_ylabel(label)
         ax.grid(axis="y", alpha=0.3)
     axes[0].legend(fontsize=8)
