@@ -13,6 +13,7 @@
 #   pressure          pressure at steady state: a 600-request fill, 3 passes of 64; 2 rounds
 #   epd               E->PD, producer + consumer on the one GPU; 3 rounds, 48 a pass
 #   fleet             two replicas behind a round-robin client; 1 round (more with --first-round)
+#   fleet-pressure    the fleet's pressure shape alone; 1 round (more with --first-round)
 #   compiled          unique, repeat, limit in compiled mode; 1 round, 48 a pass
 #   compiled-pressure pressure in compiled mode; 1 round
 #   compiled-epd      E->PD in compiled mode; 1 round
@@ -26,7 +27,7 @@ set -uo pipefail
 PRINT=0
 if [ "${1:-}" = "--print" ]; then PRINT=1; shift; fi
 CALL=${1:-}
-[ -n "$CALL" ] || { sed -n '2,23p' "$0"; exit 2; }
+[ -n "$CALL" ] || { sed -n '2,24p' "$0"; exit 2; }
 shift
 BUDGET=470
 if [ $# -gt 0 ] && [[ $1 =~ ^[0-9]+$ ]]; then BUDGET=$1; shift; fi
@@ -36,7 +37,8 @@ case "$CALL" in
   pressure) ARGS=(--mode eager --workloads pressure --rounds 2 --requests-per-pass 64 --passes 3
                   --pressure-fill 600 --est-req-s 17) ;;
   epd) ARGS=(--mode eager --workloads epd --rounds 3 --requests-per-pass 48 --est-start-s 25 --est-req-s 15) ;;
-  fleet) ARGS=(--mode eager --workloads fleet --rounds 1 --requests-per-pass 64 --passes 3 --pressure-fill 1200) ;;
+  fleet|fleet-pressure) ARGS=(--mode eager --workloads "$CALL" --rounds 1 --requests-per-pass 64 --passes 3
+                              --pressure-fill 1200) ;;
   compiled) ARGS=(--mode compiled --workloads unique,repeat,limit --rounds 1 --requests-per-pass 48) ;;
   compiled-pressure) ARGS=(--mode compiled --workloads pressure --rounds 1 --requests-per-pass 64 --passes 3
                            --pressure-fill 600 --est-req-s 17) ;;

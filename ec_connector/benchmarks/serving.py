@@ -151,8 +151,8 @@ def workloads(args: argparse.Namespace, geometry: dict[str, int]) -> list[dict[s
         for name in args.workloads.split(","):
             # the fleet's pools come from its total region: both replicas' (= the single engine's)
             built = (
-                fleet_workloads(size, region_bytes=2 * args.region_mib * MiB, **options)
-                if name == "fleet"
+                fleet_workloads(size, region_bytes=2 * args.region_mib * MiB, name=name, **options)
+                if name == "fleet" or name.startswith("fleet-")
                 else [build(name, size, region_bytes=args.region_mib * MiB, **options)]
             )
             for wl in built:

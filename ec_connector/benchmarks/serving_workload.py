@@ -30,8 +30,9 @@ import random
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
-WORKLOADS = ("unique", "repeat", "pressure", "limit", "epd", "fleet")
 FLEET_SHAPES = ("repeat", "pressure")
+# "fleet" runs both fleet shapes; "fleet-repeat" / "fleet-pressure" one of them
+WORKLOADS = ("unique", "repeat", "pressure", "limit", "epd", "fleet", *(f"fleet-{s}" for s in FLEET_SHAPES))
 PATCH = 14
 MERGE = 2
 # Qwen2-VL-7B's pixel bounds (tools/tiny_vlm.py --shape 7b)
@@ -145,8 +146,8 @@ def build(
     """
     if name not in WORKLOADS:
         raise ValueError(f"unknown workload {name!r}: expected one of {WORKLOADS}")
-    if name == "fleet":
-        raise ValueError("fleet is served as its repeat and pressure shapes: use fleet_workloads()")
+    if name == "fleet" or name.startswith("fleet-"):
+        raise ValueError(f"{name} is served as the fleet's shapes: use fleet_workloads()")
     if requests <= 0 or passes <= 0:
         raise ValueError("requests per pass and passes must be positive")
     base = _SEED_BASE[name] + _size_salt(size) * 4096 + seed * 7_777_777
@@ -211,13 +212,19 @@ def auto_fill(rng: random.Random, pool: int, fits: int, alpha: float) -> int:
     return 50 * pool
 
 
-def fleet_workloads(size: tuple[int, int], *, region_bytes: int, **options: Any) -> list[Workload]:
-    """The fleet arms' workloads: `build`'s repeat and pressure at `size`, their pools sized from
+def fleet_workloads(
+    size: tuple[int, int], *, region_bytes: int, name: str = "fleet", **options: Any
+) -> list[Workload]:
+    """The fleet arms' workloads for the workload `name` (``fleet``: repeat and pressure;
+    ``fleet-<shape>``: that shape alone): `build`'s shapes at `size`, their pools sized from
     `region_bytes`, the fleet's total (every replica's region), named ``fleet-<shape>`` so the
     report keeps them apart from a single engine's rows. `options` are `build`'s."""
+    shapes = FLEET_SHAPES if name == "fleet" else (name.removeprefix("fleet-"),)
+    if name not in WORKLOADS or not set(shapes) <= set(FLEET_SHAPES):
+        raise ValueError(f"unknown fleet workload {name!r}: expected fleet or fleet-<{'|'.join(FLEET_SHAPES)}>")
     return [
         replace(build(shape, size, region_bytes=region_bytes, **options), name=f"fleet-{shape}")
-        for shape in FLEET_SHAPES
+        for shape in shapes
     ]
 
 

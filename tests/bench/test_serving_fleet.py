@@ -56,8 +56,19 @@ def test_fleet_pools_come_from_the_total_region_and_match_one_engines_trace() ->
     # the same requests as the single-engine workload of the same total region
     same = build("repeat", (896, 672), requests=96, passes=2, item_bytes=ITEM, region_bytes=2 * region)
     assert repeat.passes == same.passes
-    with pytest.raises(ValueError, match="fleet_workloads"):
-        build("fleet", (896, 672), requests=8, passes=1, item_bytes=ITEM, region_bytes=region)
+    for name in ("fleet", "fleet-pressure"):
+        with pytest.raises(ValueError, match="fleet_workloads"):
+            build(name, (896, 672), requests=8, passes=1, item_bytes=ITEM, region_bytes=region)
+
+
+def test_a_fleet_shape_alone_is_the_same_workload_as_in_the_pair() -> None:
+    options = {"region_bytes": 512 * MiB, "requests": 64, "passes": 3, "item_bytes": ITEM}
+    both = fleet_workloads((896, 672), **options)
+    (alone,) = fleet_workloads((896, 672), name="fleet-pressure", **options)
+    assert alone.to_dict() == both[1].to_dict()
+    assert [w.name for w in fleet_workloads((896, 672), name="fleet-repeat", **options)] == ["fleet-repeat"]
+    with pytest.raises(ValueError, match="unknown fleet workload 'fleet-unique'"):
+        fleet_workloads((896, 672), name="fleet-unique", **options)
 
 
 def test_pairs_get_a_region_each_and_single_one_engine_with_both() -> None:
