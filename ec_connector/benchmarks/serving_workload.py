@@ -221,7 +221,8 @@ def fleet_workloads(
     report keeps them apart from a single engine's rows. `options` are `build`'s."""
     shapes = FLEET_SHAPES if name == "fleet" else (name.removeprefix("fleet-"),)
     if name not in WORKLOADS or not set(shapes) <= set(FLEET_SHAPES):
-        raise ValueError(f"unknown fleet workload {name!r}: expected fleet or fleet-<{'|'.join(FLEET_SHAPES)}>")
+        expected = ", ".join(w for w in WORKLOADS if w.startswith("fleet"))
+        raise ValueError(f"unknown fleet workload {name!r}: expected one of {expected}")
     return [
         replace(build(shape, size, region_bytes=region_bytes, **options), name=f"fleet-{shape}")
         for shape in shapes

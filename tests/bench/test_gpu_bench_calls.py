@@ -15,7 +15,10 @@ from tests.bench.serving_run import REPO, SCRIPT, bench_env
 from tests.integration.conftest import vllm_python  # noqa: F401  (fixture)
 
 TOOL = REPO / "tools" / "gpu_bench.sh"
-CALLS = ("eager", "pressure", "epd", "fleet", "fleet-pressure", "compiled", "compiled-pressure", "compiled-epd", "small-images")
+CALLS = (
+    "eager", "pressure", "epd", "fleet", "fleet-pressure",
+    "compiled", "compiled-pressure", "compiled-epd", "small-images",
+)
 
 
 def printed(*args: str) -> list[str]:
