@@ -182,8 +182,7 @@ class TierScheduler:
                 entry = self._table.get(key)
                 if entry is None or entry.phase is Phase.QUARANTINED or not fits_one_ack(entry):
                     continue
-                if lease_s > 0:
-                    self._table.announce(key, now=now, lease_s=lease_s)
+                self._table.announce(key, now=now, lease_s=lease_s)
                 servable[key] = entry.rows * self._row_bytes
                 self._publish(EventKind.ANNOUNCED, key, entry.rows)
         return servable

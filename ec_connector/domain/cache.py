@@ -266,7 +266,13 @@ class EntryTable:
         return True
 
     def announce(self, key: str, *, now: float, lease_s: float) -> Entry:
+        """Hold `key` out of eviction until `now + lease_s` (a peer was told it may read it);
+        a lease of 0 holds nothing: the entry stays where the eviction order has it."""
         entry = self._require(key)
+        if lease_s < 0:
+            raise ValueError(f"announce lease_s must be >= 0, got {lease_s}")
+        if lease_s == 0:
+            return entry
         entry.announce(now + lease_s)
         self._refresh(entry)
         self._push(now + lease_s, key, _Deadline.ANNOUNCE)

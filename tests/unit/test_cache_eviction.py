@@ -3,6 +3,8 @@ allocation that evicts nothing when it cannot fit; an entry read goes to the bac
 
 from __future__ import annotations
 
+import pytest
+
 from tests.unit.table_helpers import LEASE, Q, keys_of, put_ready, table_of
 
 
@@ -100,6 +102,17 @@ def test_announced_entry_is_not_evicted_while_the_announcement_lasts():
     # at 10.0 the announcement has lapsed (even before expire runs): evictable again
     res = table.reserve("d", 3, now=10.0, lease_s=LEASE)
     assert res is not None and [e.key for e in res.evicted] == ["a"]
+
+
+def test_an_announcement_of_no_lease_holds_nothing_and_a_negative_one_is_refused():
+    table = table_of(6)
+    put_ready(table, "a", 3)
+    put_ready(table, "b", 3)
+    assert table.announce("a", now=0.0, lease_s=0.0).key == "a"
+    res = table.reserve("c", 3, now=0.0, lease_s=LEASE)
+    assert res is not None and [e.key for e in res.evicted] == ["a"]  # still first in the order
+    with pytest.raises(ValueError, match="lease_s must be >= 0, got -1"):
+        table.announce("b", now=0.0, lease_s=-1.0)
 
 
 def test_protected_entry_is_not_evicted():
