@@ -12,7 +12,9 @@ Pressure rows also give each arm's measured hit ratio beside the one expected fr
 the same requests through our table (serving_expected.py, recorded in the workload's notes):
 ``upstream`` against ``fifo``, ``ours`` / ``single`` / ``local`` against ``s3fifo`` (``local``
 and the fleet's ``upstream`` with a region per replica); ``fleet`` against the range from a
-region per replica to one region of both regions' bytes.
+region per replica to one region of both regions' bytes, and a line of a measured pass's wall time
+against the items it encoded (``pass_line``), with the req/s ratio the arms' encoded items alone
+give, to tell what the hit ratios are worth from what else moved between the arms.
 """
 
 from __future__ import annotations
@@ -135,6 +137,57 @@ def expected_line(key: str, notes: dict[str, Any], arms: dict[str, dict[str, Cel
     )
 
 
+# Arms whose measured passes share one engine layout, so one line fits their pass times; and the
+# pairs whose req/s ratio the line predicts from their encoded items alone.
+LINE_ARMS = {False: ("none", "upstream", "ours"), True: ("upstream", "local", "fleet")}
+LINE_PAIRS = {
+    False: (("ours", "upstream"), ("ours", "none"), ("upstream", "none")),
+    True: (("fleet", "local"), ("fleet", "upstream"), ("local", "upstream")),
+}
+
+
+def pass_points(runs: list[dict[str, Any]]) -> dict[tuple[str, str], dict[str, list[tuple[int, float]]]]:
+    """{(mode, workload key): {arm: [(encoder items, wall s) of each measured pass]}}."""
+    out: dict[tuple[str, str], dict[str, list[tuple[int, float]]]] = defaultdict(lambda: defaultdict(list))
+    for run in runs:
+        for eng in run["engines"]:
+            for wl in eng.get("workloads", []):
+                for p in wl.get("passes", []):
+                    if p.get("measured") and "encoder_items" in p and "wall_s" in p:
+                        out[(run["mode"], wl["key"])][eng["arm"]].append((p["encoder_items"], p["wall_s"]))
+    return out
+
+
+def pass_line(key: str, points: dict[str, list[tuple[int, float]]]) -> str | None:
+    """What the arms' encoded items alone are worth: a least-squares line of a measured pass's wall
+    time against the items it encoded, over the arms of one engine layout (``LINE_ARMS``), and the
+    req/s ratio it gives each pair at their mean items a pass. None when the items do not vary."""
+    fleet = key.startswith("fleet-")
+    pts = [pt for arm in LINE_ARMS[fleet] for pt in points.get(arm, [])]
+    n = len(pts)
+    if n < 3:
+        return None
+    mx, my = sum(x for x, _ in pts) / n, sum(y for _, y in pts) / n
+    sxx = sum((x - mx) ** 2 for x, _ in pts)
+    if sxx == 0:
+        return None
+    slope = sum((x - mx) * (y - my) for x, y in pts) / sxx
+    base = my - slope * mx
+    scatter = (sum((y - base - slope * x) ** 2 for x, y in pts) / n) ** 0.5
+    mean = {arm: sum(x for x, _ in v) / len(v) for arm, v in points.items() if v}
+    worth = [
+        f"{arm} / {ref} {(base + slope * mean[ref]) / (base + slope * mean[arm]):.2f}x"
+        for arm, ref in LINE_PAIRS[fleet]
+        if arm in mean and ref in mean
+    ]
+    fitted = ", ".join(a for a in LINE_ARMS[fleet] if a in points)
+    return (
+        f"  pass time by encoded items ({n} measured passes of {fitted}): {base:.3f} s + "
+        f"{slope * 1000:.1f} ms an item (scatter {scatter:.3f} s); req/s the items alone give: "
+        + ", ".join(worth)
+    )
+
+
 def ratio_spread(num: Cell, den: Cell) -> tuple[float, float, float, int] | None:
     """Median, min, max of num/den over the rounds both have; None when none is shared."""
     ratios = [num[k] / den[k] for k in num if k in den and den[k]]
@@ -167,6 +220,7 @@ def print_report(runs: list[dict[str, Any]]) -> None:
     table = collect(runs)
     per_replica = replica_items(runs)
     notes = workload_notes(runs)
+    points = pass_points(runs)
     for (mode, key), arms in sorted(table.items()):
         rounds = max((len(c) for a in arms.values() for c in a.values()), default=0)
         print(f"\n== {key}, {mode} ({rounds} round(s); median of rounds, ratio median (min-max)) ==")
@@ -198,6 +252,9 @@ def print_report(runs: list[dict[str, Any]]) -> None:
         line = expected_line(key, notes.get((mode, key), {}), arms)
         if line:
             print(line)
+            worth = pass_line(key, points.get((mode, key), {}))
+            if worth:
+                print(worth)
         if per_replica.get((mode, key)):
             print("  encoder items per replica: " + "; ".join(per_replica[(mode, key)]))
     for arm, why in skipped_arms(runs).items():

@@ -195,3 +195,31 @@ def test_ours_eviction_from_ours_extra_is_replayed_and_reported_beside_ours() ->
         f"ours 0.50 / {exp['lecar']:.2f} (lecar)" in line
         and f"upstream 0.25 / {exp['fifo']:.2f} (fifo)" in line
     )
+
+
+def test_the_pass_line_gives_what_the_encoded_items_alone_are_worth() -> None:
+    # passes on an exact line of 1.0 s + 10 ms an item: the fit finds it, and the pairs' ratios
+    # are those of the line at their mean items a pass
+    points = {
+        "none": [(50, 1.5), (54, 1.54)],
+        "upstream": [(30, 1.3), (26, 1.26)],
+        "ours": [(20, 1.2), (16, 1.16)],
+        "single": [(0, 9.9)],  # a different layout in fleet mode; not an arm of a single-engine fit
+    }
+    line = serving_report.pass_line("pressure@896x672", points)
+    assert line is not None
+    assert "(6 measured passes of none, upstream, ours): 1.000 s + 10.0 ms an item (scatter 0.000 s)" in line
+    assert f"ours / upstream {1.28 / 1.18:.2f}x, ours / none {1.52 / 1.18:.2f}x" in line
+    # fleet rows fit the two-replica arms only, and compare fleet with local and upstream
+    fleet = {
+        "upstream": [(40, 1.8), (30, 1.7)],
+        "local": [(36, 1.76)],
+        "fleet": [(20, 1.6)],
+        "single": [(0, 0.1)],
+    }
+    line = serving_report.pass_line("fleet-pressure@896x672", fleet)
+    assert line is not None and "of upstream, local, fleet): 1.400 s + 10.0 ms" in line
+    assert f"fleet / local {1.76 / 1.6:.2f}x" in line
+    # items that never vary (every arm encodes every item) have no line
+    every = {"none": [(64, 2.0)], "ours": [(64, 2.1)], "upstream": [(64, 2.0)]}
+    assert serving_report.pass_line("unique@896x672", every) is None
