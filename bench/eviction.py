@@ -17,7 +17,8 @@ beside them (bench/eviction_candidates.py): `clock` (CLOCK / SIEVE-like), `s3fif
 (S3-FIFO with a TinyLFU admission filter), `lfu` and `lfu-fast-aging` (least frequently used with
 a ghost of counts, halved every 10x / 1x the tracked keys' accesses; domain/eviction_lecar.py),
 `wtinylfu` (bench/eviction_wtinylfu.py: W-TinyLFU with Caffeine's hill-climbing window) and
-`arc` (bench/eviction_arc.py: ARC counted in blocks).
+`arc` (bench/eviction_arc.py: ARC counted in blocks); `s3fifo:small=S,ghost=G,reads=R` replays
+S3-FIFO with other queue shares and read cap (any subset of the three).
 Offline references:
 `belady` (farthest next request first, in our table; ec_connector/benchmarks/replay.py) and
 `bound` (a lower bound on every policy's miss ratio; bench/eviction_offline.py). The driver
@@ -75,14 +76,36 @@ TARGET_RATIO = 0.85
 _EC = "vllm.distributed.ec_transfer.ec_connector.cpu"
 
 
+# `s3fifo:` followed by comma-separated settings replays S3-FIFO with other shares, e.g.
+# `s3fifo:small=0.05,ghost=0.4,reads=7` (the shipped ones: eviction.SMALL_SHARE, GHOST_SHARE, MAX_READS)
+S3FIFO_SETTINGS = {"small": "small_share", "ghost": "ghost_share", "reads": "max_reads"}
+
+
+def s3fifo_settings(policy: str) -> dict[str, Any]:
+    """The S3FifoPolicy keywords of an `s3fifo:k=v,...` name; a clear error for anything else."""
+    out: dict[str, Any] = {}
+    for part in policy.removeprefix("s3fifo:").split(","):
+        key, sep, value = part.partition("=")
+        if not sep or key not in S3FIFO_SETTINGS:
+            raise ValueError(f"{policy!r}: expected s3fifo:k=v,... with k one of {sorted(S3FIFO_SETTINGS)}")
+        try:
+            out[S3FIFO_SETTINGS[key]] = int(value) if key == "reads" else float(value)
+        except ValueError:
+            raise ValueError(f"{policy!r}: {key}={value!r} is not a number") from None
+    return out
+
+
 def _ours(policy: str) -> Callable[[int], OursSide]:
     """A side with our table and `policy`: a shipped one by name, or a candidate of this bench."""
+    settings = s3fifo_settings(policy) if policy.startswith("s3fifo:") else None
 
     def make(num_blocks: int) -> OursSide:
         side = OursSide(num_blocks)
         table = side.table
         evictable = table._evictable  # the bench swaps the policy in before the first entry
-        if policy == "clock":
+        if settings is not None:
+            table._policy = eviction.S3FifoPolicy(num_blocks, evictable, min_compact=64, **settings)
+        elif policy == "clock":
             table._policy = ClockPolicy(evictable)
         elif policy == "s3fifo-paper":
             table._policy = eviction.S3FifoPolicy(

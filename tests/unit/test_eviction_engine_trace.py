@@ -80,3 +80,16 @@ def test_the_sweeps_replay_of_an_engine_trace_is_the_serving_benchs_expected_hit
 def test_an_unknown_engine_trace_is_refused():
     with pytest.raises(ValueError, match="engine0.6"):
         engine_requests(steps=10, source="engine0.7")
+
+
+def test_an_s3fifo_variant_by_settings_replays_like_the_shipped_policy_with_those_shares():
+    trace = make_trace(steps=300, live=0, num_blocks=0, source="engine0.8")
+    blocks = trace.footprint_rows() // 5
+    sized = Trace(trace.steps, trace.live, blocks, trace.name)
+    same = replay_hits(_ours("s3fifo:small=0.1,ghost=0.4,reads=7")(blocks), sized)
+    assert same["misses"] == replay_hits(_ours("s3fifo")(blocks), sized)["misses"]
+    other = replay_hits(_ours("s3fifo:small=0.3")(blocks), sized)
+    assert other["misses"] != same["misses"]
+    for bad, says in (("s3fifo:tiny=0.1", "k one of"), ("s3fifo:small=x", "small='x' is not a number")):
+        with pytest.raises(ValueError, match=says):
+            _ours(bad)
