@@ -37,6 +37,7 @@ from ec_connector.ports.runtime import Clock, EventSink
 log = structlog.get_logger(__name__)
 _debug = debug_enabled(__name__)
 _READY = Phase.READY
+_NOT_READY = Phase.NOT_READY
 
 
 class _Kind(Enum):
@@ -288,11 +289,14 @@ class TierScheduler:
                 self._poll_once_per_step()
         if not self._role_loads:
             return False
-        if self._phase_of(key) is _READY:
+        phase = self._phase_of(key)
+        if phase is _READY:
             self.stats.hits += 1
             self._promised.add(key)
             return True
         self.stats.misses += 1
+        if phase is _NOT_READY:
+            self.stats.misses_saving += 1
         return False
 
     def promise(self, key: str) -> None:

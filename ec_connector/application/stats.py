@@ -43,6 +43,9 @@ class TierStats:
 
     hits: int = 0
     misses: int = 0
+    misses_saving: int = 0
+    """Of `misses`, items the tier held but was still saving: a repeat that came before its first
+    request's save landed (it is encoded again)."""
     saves_planned: int = 0
     saves_done: int = 0
     saves_failed: int = 0

@@ -146,6 +146,31 @@ LINE_PAIRS = {
 }
 
 
+# ours' tier counters summed over an arm's measured passes, printed under a pressure row: where
+# the requests that the replay counts as hits went in the engine
+TIER_COUNTERS_SHOWN = ("hits", "misses", "misses_saving", "saves_failed", "not_offloaded", "evictions")
+
+
+def counter_lines(runs: list[dict[str, Any]]) -> dict[tuple[str, str], list[str]]:
+    """{(mode, workload key): ["arm: hits n, misses n, ...", ...]} for arms whose passes recorded
+    tier counters (ours' arms), summed over their measured passes and rounds."""
+    sums: dict[tuple[str, str], dict[str, dict[str, int]]] = defaultdict(lambda: defaultdict(dict))
+    for run in runs:
+        for eng in run["engines"]:
+            for wl in eng.get("workloads", []):
+                for p in wl.get("passes", []):
+                    counters = p.get("counters") or {}
+                    if not p.get("measured") or "misses" not in counters:
+                        continue
+                    arm = sums[(run["mode"], wl["key"])][eng["arm"]]
+                    for name in TIER_COUNTERS_SHOWN:
+                        arm[name] = arm.get(name, 0) + counters.get(name, 0)
+    return {
+        key: [f"{arm}: " + ", ".join(f"{k} {v}" for k, v in c.items()) for arm, c in arms.items()]
+        for key, arms in sums.items()
+    }
+
+
 def pass_points(runs: list[dict[str, Any]]) -> dict[tuple[str, str], dict[str, list[tuple[int, float]]]]:
     """{(mode, workload key): {arm: [(encoder items, wall s) of each measured pass]}}."""
     out: dict[tuple[str, str], dict[str, list[tuple[int, float]]]] = defaultdict(lambda: defaultdict(list))
@@ -221,6 +246,7 @@ def print_report(runs: list[dict[str, Any]]) -> None:
     per_replica = replica_items(runs)
     notes = workload_notes(runs)
     points = pass_points(runs)
+    counters = counter_lines(runs)
     for (mode, key), arms in sorted(table.items()):
         rounds = max((len(c) for a in arms.values() for c in a.values()), default=0)
         print(f"\n== {key}, {mode} ({rounds} round(s); median of rounds, ratio median (min-max)) ==")
@@ -255,6 +281,8 @@ def print_report(runs: list[dict[str, Any]]) -> None:
             worth = pass_line(key, points.get((mode, key), {}))
             if worth:
                 print(worth)
+            if counters.get((mode, key)):
+                print("  tier counters over the measured passes: " + "; ".join(counters[(mode, key)]))
         if per_replica.get((mode, key)):
             print("  encoder items per replica: " + "; ".join(per_replica[(mode, key)]))
     for arm, why in skipped_arms(runs).items():

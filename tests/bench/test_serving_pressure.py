@@ -223,3 +223,31 @@ def test_the_pass_line_gives_what_the_encoded_items_alone_are_worth() -> None:
     # items that never vary (every arm encodes every item) have no line
     every = {"none": [(64, 2.0)], "ours": [(64, 2.1)], "upstream": [(64, 2.0)]}
     assert serving_report.pass_line("unique@896x672", every) is None
+
+
+def test_the_report_sums_ours_tier_counters_over_the_measured_passes() -> None:
+    def engine(arm: str, r: int, counters: dict[str, int] | None) -> dict:
+        passes = [
+            {"label": "fill", "measured": False, "counters": {"misses": 500}},
+            {"label": "pass1", "measured": True, **({"counters": counters} if counters is not None else {})},
+            {"label": "pass2", "measured": True, **({"counters": counters} if counters is not None else {})},
+        ]
+        workload = {"workload": "fleet-pressure", "key": "fleet-pressure@896x672", "passes": passes}
+        return {"arm": arm, "round": r, "status": "ok", "workloads": [workload]}
+
+    run = {
+        "run_id": "c",
+        "mode": "eager",
+        "engines": [
+            engine("local", 0, {"hits": 20, "misses": 12, "misses_saving": 3, "evictions": 9}),
+            engine("local", 1, {"hits": 22, "misses": 10, "misses_saving": 1, "evictions": 8}),
+            engine("upstream", 0, None),  # vLLM's connector: no tier counters of ours
+            engine("fleet", 0, {"fleet_pulls_done": 4}),  # pull counters alone: not a tier record
+        ],
+    }
+    lines = serving_report.counter_lines([run])
+    assert lines == {
+        ("eager", "fleet-pressure@896x672"): [
+            "local: hits 84, misses 44, misses_saving 8, saves_failed 0, not_offloaded 0, evictions 34"
+        ]
+    }

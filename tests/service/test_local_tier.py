@@ -213,6 +213,10 @@ def test_item_whose_save_is_in_flight_is_neither_reloaded_nor_saved_again():
     assert eng.scheduler.stats.saves_planned == 1
     eng.settle()
     assert eng.scheduler.is_ready("a")
+    # the repeat was a miss on an entry still saving; an item never seen is a plain miss
+    eng.step([("a", 2), ("b", 1)])
+    stats = eng.scheduler.stats
+    assert (stats.hits, stats.misses, stats.misses_saving) == (1, 3, 1)
 
 
 def test_occupancy_reports_blocks_and_bytes():

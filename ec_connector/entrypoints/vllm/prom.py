@@ -28,6 +28,8 @@ COUNTERS: tuple[tuple[str, str, str | None, dict[str | None, str]], ...] = (
      {None: "hits"}),
     ("vllm:ec_tier_misses", "Items vLLM asked the tier for that it did not hold ready.", None,
      {None: "misses"}),
+    ("vllm:ec_tier_misses_saving", "Of the misses, items the tier held but was still saving (a repeat "
+     "that came before its first request's save landed).", None, {None: "misses_saving"}),
     ("vllm:ec_tier_saves", "Encoder outputs copied into the tier (offloads completed on the writer rank).",
      None, {None: "saves_done"}),
     ("vllm:ec_tier_loads", "Entries copied from the tier into vLLM's encoder cache (done on every rank).",
