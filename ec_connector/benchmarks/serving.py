@@ -380,6 +380,15 @@ def json_object(text: str) -> dict[str, Any]:
     return value
 
 
+def workload_list(text: str) -> str:
+    """`--workloads`: a comma list of known workload names, refused at parse time naming the unknown."""
+    unknown = [name for name in text.split(",") if name not in WORKLOADS]
+    if unknown:
+        expected = ",".join(WORKLOADS)
+        raise argparse.ArgumentTypeError(f"unknown workload(s) {','.join(unknown)}: expected {expected}")
+    return text
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_commands(p)
@@ -402,7 +411,12 @@ def add_commands(p: argparse.ArgumentParser) -> None:
         default="",
         help=f"comma list of {','.join(ARMS)} (fleet: {','.join(FLEET_ARMS)}); default all of the run's",
     )
-    r.add_argument("--workloads", default="unique,repeat,pressure,limit", help=f"comma list of {WORKLOADS}")
+    r.add_argument(
+        "--workloads",
+        type=workload_list,
+        default="unique,repeat,pressure,limit",
+        help=f"comma list of {','.join(WORKLOADS)}",
+    )
     r.add_argument("--images", default="896x672", help="comma list of image sizes, e.g. 896x672,448x336")
     r.add_argument("--rounds", type=int, default=3, help="alternating rounds (3)")
     r.add_argument("--first-round", type=int, default=0, help="first round's number (rotation continues)")

@@ -98,6 +98,14 @@ def test_ours_extra_that_is_not_a_json_object_is_refused(value, says, capsys) ->
     assert says in capsys.readouterr().err
 
 
+def test_an_unknown_workload_is_refused_at_parse_time_naming_it(capsys) -> None:
+    args = parser().parse_args(["run", "--out", "x", "--workloads", "fleet-pressure"])
+    assert args.workloads == "fleet-pressure"
+    with pytest.raises(SystemExit):
+        parser().parse_args(["run", "--out", "x", "--workloads", "pressure,fleet-unique,foo"])
+    assert "unknown workload(s) fleet-unique,foo: expected unique," in capsys.readouterr().err
+
+
 def _run(mode: str, rounds: dict[str, dict[int, float]]) -> dict:
     engines = []
     for arm, walls in rounds.items():
