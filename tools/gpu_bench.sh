@@ -27,7 +27,7 @@ set -uo pipefail
 PRINT=0
 if [ "${1:-}" = "--print" ]; then PRINT=1; shift; fi
 CALL=${1:-}
-[ -n "$CALL" ] || { sed -n '2,24p' "$0"; exit 2; }
+[ -n "$CALL" ] || { awk 'NR == 1 { next } /^#/ { print; next } { exit }' "$0"; exit 2; }
 shift
 BUDGET=470
 if [ $# -gt 0 ] && [[ $1 =~ ^[0-9]+$ ]]; then BUDGET=$1; shift; fi

@@ -67,6 +67,7 @@ from ec_connector.benchmarks.serving_fleet import (
     fleet_spec,
 )
 from ec_connector.benchmarks.serving_workload import (
+    FLEET_WORKLOADS,
     WORKLOADS,
     build,
     fleet_workloads,
@@ -152,7 +153,7 @@ def workloads(args: argparse.Namespace, geometry: dict[str, int]) -> list[dict[s
             # the fleet's pools come from its total region: both replicas' (= the single engine's)
             built = (
                 fleet_workloads(size, region_bytes=2 * args.region_mib * MiB, name=name, **options)
-                if name == "fleet" or name.startswith("fleet-")
+                if name in FLEET_WORKLOADS
                 else [build(name, size, region_bytes=args.region_mib * MiB, **options)]
             )
             for wl in built:

@@ -20,6 +20,7 @@ give, to tell what the hit ratios are worth from what else moved between the arm
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Iterator
 from pathlib import Path
 from statistics import median
 from typing import Any
@@ -151,20 +152,26 @@ LINE_PAIRS = {
 TIER_COUNTERS_SHOWN = ("hits", "misses", "misses_saving", "saves_failed", "not_offloaded", "evictions")
 
 
-def counter_lines(runs: list[dict[str, Any]]) -> dict[tuple[str, str], list[str]]:
-    """{(mode, workload key): ["arm: hits n, misses n, ...", ...]} for arms whose passes recorded
-    tier counters (ours' arms), summed over their measured passes and rounds."""
-    sums: dict[tuple[str, str], dict[str, dict[str, int]]] = defaultdict(lambda: defaultdict(dict))
+def measured_passes(runs: list[dict[str, Any]]) -> Iterator[tuple[tuple[str, str], str, dict[str, Any]]]:
+    """((mode, workload key), arm, pass record) of every measured pass of every run."""
     for run in runs:
         for eng in run["engines"]:
             for wl in eng.get("workloads", []):
                 for p in wl.get("passes", []):
-                    counters = p.get("counters") or {}
-                    if not p.get("measured") or "misses" not in counters:
-                        continue
-                    arm = sums[(run["mode"], wl["key"])][eng["arm"]]
-                    for name in TIER_COUNTERS_SHOWN:
-                        arm[name] = arm.get(name, 0) + counters.get(name, 0)
+                    if p.get("measured"):
+                        yield (run["mode"], wl["key"]), eng["arm"], p
+
+
+def counter_lines(runs: list[dict[str, Any]]) -> dict[tuple[str, str], list[str]]:
+    """{(mode, workload key): ["arm: hits n, misses n, ...", ...]} for arms whose passes recorded
+    tier counters (ours' arms), summed over their measured passes and rounds."""
+    sums: dict[tuple[str, str], dict[str, dict[str, int]]] = defaultdict(lambda: defaultdict(dict))
+    for key, arm, p in measured_passes(runs):
+        counters = p.get("counters") or {}
+        if "misses" in counters:
+            total = sums[key][arm]
+            for name in TIER_COUNTERS_SHOWN:
+                total[name] = total.get(name, 0) + counters.get(name, 0)
     return {
         key: [f"{arm}: " + ", ".join(f"{k} {v}" for k, v in c.items()) for arm, c in arms.items()]
         for key, arms in sums.items()
@@ -174,12 +181,9 @@ def counter_lines(runs: list[dict[str, Any]]) -> dict[tuple[str, str], list[str]
 def pass_points(runs: list[dict[str, Any]]) -> dict[tuple[str, str], dict[str, list[tuple[int, float]]]]:
     """{(mode, workload key): {arm: [(encoder items, wall s) of each measured pass]}}."""
     out: dict[tuple[str, str], dict[str, list[tuple[int, float]]]] = defaultdict(lambda: defaultdict(list))
-    for run in runs:
-        for eng in run["engines"]:
-            for wl in eng.get("workloads", []):
-                for p in wl.get("passes", []):
-                    if p.get("measured") and "encoder_items" in p and "wall_s" in p:
-                        out[(run["mode"], wl["key"])][eng["arm"]].append((p["encoder_items"], p["wall_s"]))
+    for key, arm, p in measured_passes(runs):
+        if "encoder_items" in p and "wall_s" in p:
+            out[key][arm].append((p["encoder_items"], p["wall_s"]))
     return out
 
 

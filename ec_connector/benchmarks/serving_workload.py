@@ -32,7 +32,8 @@ from typing import Any
 
 FLEET_SHAPES = ("repeat", "pressure")
 # "fleet" runs both fleet shapes; "fleet-repeat" / "fleet-pressure" one of them
-WORKLOADS = ("unique", "repeat", "pressure", "limit", "epd", "fleet", *(f"fleet-{s}" for s in FLEET_SHAPES))
+FLEET_WORKLOADS = ("fleet", *(f"fleet-{s}" for s in FLEET_SHAPES))
+WORKLOADS = ("unique", "repeat", "pressure", "limit", "epd", *FLEET_WORKLOADS)
 PATCH = 14
 MERGE = 2
 # Qwen2-VL-7B's pixel bounds (tools/tiny_vlm.py --shape 7b)
@@ -146,7 +147,7 @@ def build(
     """
     if name not in WORKLOADS:
         raise ValueError(f"unknown workload {name!r}: expected one of {WORKLOADS}")
-    if name == "fleet" or name.startswith("fleet-"):
+    if name in FLEET_WORKLOADS:
         raise ValueError(f"{name} is served as the fleet's shapes: use fleet_workloads()")
     if requests <= 0 or passes <= 0:
         raise ValueError("requests per pass and passes must be positive")
@@ -219,10 +220,9 @@ def fleet_workloads(
     ``fleet-<shape>``: that shape alone): `build`'s shapes at `size`, their pools sized from
     `region_bytes`, the fleet's total (every replica's region), named ``fleet-<shape>`` so the
     report keeps them apart from a single engine's rows. `options` are `build`'s."""
+    if name not in FLEET_WORKLOADS:
+        raise ValueError(f"unknown fleet workload {name!r}: expected one of {', '.join(FLEET_WORKLOADS)}")
     shapes = FLEET_SHAPES if name == "fleet" else (name.removeprefix("fleet-"),)
-    if name not in WORKLOADS or not set(shapes) <= set(FLEET_SHAPES):
-        expected = ", ".join(w for w in WORKLOADS if w.startswith("fleet"))
-        raise ValueError(f"unknown fleet workload {name!r}: expected one of {expected}")
     return [
         replace(build(shape, size, region_bytes=region_bytes, **options), name=f"fleet-{shape}")
         for shape in shapes
