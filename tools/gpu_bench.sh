@@ -14,6 +14,7 @@
 #   epd               E->PD, producer + consumer on the one GPU; 3 rounds, 48 a pass
 #   fleet             two replicas behind a round-robin client; 1 round (more with --first-round)
 #   fleet-pressure    the fleet's pressure shape alone; 1 round (more with --first-round)
+#   fleet-large       fleet-pressure at 1344x1008 (1728 tokens an image: the encoder a larger share); 1 round
 #   compiled          unique, repeat, limit in compiled mode; 1 round, 48 a pass
 #   compiled-pressure pressure in compiled mode; 1 round
 #   compiled-epd      E->PD in compiled mode; 1 round
@@ -39,6 +40,8 @@ case "$CALL" in
   epd) ARGS=(--mode eager --workloads epd --rounds 3 --requests-per-pass 48 --est-start-s 25 --est-req-s 15) ;;
   fleet|fleet-pressure) ARGS=(--mode eager --workloads "$CALL" --rounds 1 --requests-per-pass 64 --passes 3
                               --pressure-fill 1200) ;;
+  fleet-large) ARGS=(--mode eager --images 1344x1008 --workloads fleet-pressure --rounds 1 --requests-per-pass 64
+                     --passes 3 --pressure-fill 600 --est-req-s 12) ;;
   compiled) ARGS=(--mode compiled --workloads unique,repeat,limit --rounds 1 --requests-per-pass 48) ;;
   compiled-pressure) ARGS=(--mode compiled --workloads pressure --rounds 1 --requests-per-pass 64 --passes 3
                            --pressure-fill 600 --est-req-s 17) ;;
