@@ -18,7 +18,7 @@
 #   compiled          unique, repeat, limit in compiled mode; 1 round, 48 a pass
 #   compiled-pressure pressure in compiled mode; 1 round
 #   compiled-epd      E->PD in compiled mode; 1 round
-#   small-images      unique, repeat, limit at 448x336; 2 rounds, 96 a pass
+#   small-images      unique, repeat, limit at 448x336; 3 rounds, 64 a pass
 #
 # Writes to $OUT (default ./gpu-out): serving-CALL.txt (the bench's output), the run's JSON, and
 # CALL-logs.tgz (the engines' logs, without the model). The device returns few, shallow files, so
@@ -46,8 +46,8 @@ case "$CALL" in
   compiled-pressure) ARGS=(--mode compiled --workloads pressure --rounds 1 --requests-per-pass 64 --passes 3
                            --pressure-fill 600 --est-req-s 17) ;;
   compiled-epd) ARGS=(--mode compiled --workloads epd --rounds 1 --requests-per-pass 48 --est-req-s 15) ;;
-  small-images) ARGS=(--mode eager --images 448x336 --workloads unique,repeat,limit --rounds 2
-                      --requests-per-pass 96) ;;
+  small-images) ARGS=(--mode eager --images 448x336 --workloads unique,repeat,limit --rounds 3
+                      --requests-per-pass 64) ;;
   *) echo "gpu_bench.sh: unknown call $CALL (see the header)" >&2; exit 2 ;;
 esac
 ARGS=(--shape 7b "${ARGS[@]}" --budget-s "$BUDGET" --out "/tmp/bench-$CALL"
