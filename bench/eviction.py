@@ -17,8 +17,12 @@ beside them (bench/eviction_candidates.py): `clock` (CLOCK / SIEVE-like), `s3fif
 (S3-FIFO with a TinyLFU admission filter), `lfu` and `lfu-fast-aging` (least frequently used with
 a ghost of counts, halved every 10x / 1x the tracked keys' accesses; domain/eviction_lecar.py),
 `wtinylfu` (bench/eviction_wtinylfu.py: W-TinyLFU with Caffeine's hill-climbing window) and
-`arc` (bench/eviction_arc.py: ARC counted in blocks); `s3fifo:small=S,ghost=G,reads=R` replays
-S3-FIFO with other queue shares and read cap (any subset of the three).
+`arc` (bench/eviction_arc.py: ARC counted in blocks), `hyperbolic[:...]` and `lecar-tuned[:...]`
+(bench/eviction_hyperbolic.py: hyperbolic caching over a random sample; `lecar` with other
+settings), `decayed[:...]` and `decayed-adaptive[:...]` (bench/eviction_decayed.py: exponentially
+decayed counts, with one half-life or following shadow regions of several);
+`s3fifo:small=S,ghost=G,reads=R` replays S3-FIFO with other queue shares and read cap (any subset
+of the three).
 Offline references:
 `belady` (farthest next request first, in our table; ec_connector/benchmarks/replay.py) and
 `bound` (a lower bound on every policy's miss ratio; bench/eviction_offline.py). The driver
@@ -44,6 +48,7 @@ from bench.cache_sides import BaselineSide, OursSide  # noqa: E402
 from bench.cache_traces import ENGINE_SOURCES, SOURCES, Trace, make_trace  # noqa: E402
 from bench.eviction_arc import ArcPolicy  # noqa: E402
 from bench.eviction_candidates import ClockPolicy, TinyLfuS3FifoPolicy  # noqa: E402
+from bench.eviction_hyperbolic import is_candidate, make_candidate  # noqa: E402
 from bench.eviction_offline import miss_ratio_bound  # noqa: E402
 from bench.eviction_wtinylfu import WTinyLfuPolicy  # noqa: E402
 from bench.vllm_baseline import BaselineUnavailable, load  # noqa: E402
@@ -123,6 +128,8 @@ def _ours(policy: str) -> Callable[[int], OursSide]:
             table._policy = ArcPolicy(num_blocks, evictable)
         elif policy in WTINYLFU_VARIANTS:
             table._policy = WTinyLfuPolicy(num_blocks, evictable, **WTINYLFU_VARIANTS[policy])
+        elif is_candidate(policy):
+            table._policy = make_candidate(policy, num_blocks, evictable)
         else:
             table._policy = eviction.make_policy(
                 policy, num_blocks=num_blocks, evictable=evictable, min_compact=64
