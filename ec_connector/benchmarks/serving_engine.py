@@ -301,9 +301,14 @@ async def run_pass(
     return [r for r in results if r is not None], wall
 
 
-def summarize(rows: list[tuple[float, float, int]], wall: float, items: int, encoded: int) -> dict:
+def summarize(
+    rows: list[tuple[float, float, int]], wall: float, items: int, encoded: int, *, per_request: bool = False
+) -> dict:
+    """A pass's (or a workload's measured passes') figures; `per_request` adds each request's TTFT
+    in ms, in request order (a pass's record: to see which requests a change made slower)."""
     ttft = [r[0] * 1e3 for r in rows]
     tokens = sum(r[2] for r in rows)
+    per = {"ttft_ms": [round(t, 1) for t in ttft]} if per_request else {}
     return {
         "requests": len(rows),
         "wall_s": wall,
@@ -315,6 +320,7 @@ def summarize(rows: list[tuple[float, float, int]], wall: float, items: int, enc
         "items": items,
         "encoder_items": encoded,
         "hit_ratio": (items - encoded) / items if items else None,
+        **per,
     }
 
 
@@ -335,7 +341,7 @@ async def serve(engine: Any, spec: dict, out: Results, hook_dir: str) -> None:
                 after, stub_after = encoder_counts(hook_dir)
                 hooks = hook_delta(hooks_before, await settled_hook_totals(hook_dir))
                 encoded = after - before
-                figures = summarize(rows, wall, len(p.seeds), encoded)
+                figures = summarize(rows, wall, len(p.seeds), encoded, per_request=p.measured)
                 figures["stubbed_items"] = stub_after - stub_before
                 figures["hook_ms"] = round(sum(ms for _, ms in hooks.values()), 3)
                 passes.append({"label": p.label, "measured": p.measured, **figures, "hooks": hooks})

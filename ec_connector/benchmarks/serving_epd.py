@@ -114,7 +114,7 @@ async def serve(spec: dict, out: Results, hook_dir: str) -> None:
                     spec, producer, consumer, wl, p.seeds, f"{spec['tag']}-{wl.key}-{p.label}"
                 )
                 encoded = encoder_items(hook_dir, "consumer") - before
-                figures = summarize(done, wall, len(p.seeds), encoded)
+                figures = summarize(done, wall, len(p.seeds), encoded, per_request=p.measured)
                 figures["published"] = published
                 pulls = fetches[pulled_before:]
                 figures.update(pull_figures(pulls))

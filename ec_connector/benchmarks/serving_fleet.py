@@ -159,10 +159,12 @@ def pass_figures(
     per_replica: list[int],
     counters: dict[str, int],
     fetches: Sequence[float] = (),
+    *,
+    per_request: bool = False,
 ) -> dict[str, Any]:
     """`summarize`'s figures over every replica, with each replica's encoder items, the connector
     counters the pass moved (summed over replicas) and, where pulls ended, their p50/p99 in ms."""
-    figures = summarize(rows, wall, items, sum(per_replica))
+    figures = summarize(rows, wall, items, sum(per_replica), per_request=per_request)
     figures["replica_encoder_items"] = per_replica
     if any(k.startswith("fleet_") for k in counters):
         figures["fleet_pulls"] = counters.get("fleet_pulls_done", 0)
@@ -244,7 +246,7 @@ async def serve_workload(
         per = [encoder_items(hook_dir, n) - b for n, b in zip(names, before, strict=True)]
         ctr = counter_delta(ctr_before, sum_counters(totals))
         pulls = fetches[fetched_before:]
-        figures = pass_figures(rows, wall, len(p.seeds), per, ctr, pulls)
+        figures = pass_figures(rows, wall, len(p.seeds), per, ctr, pulls, per_request=p.measured)
         passes.append({"label": p.label, "measured": p.measured, **figures})
         say(
             f"{spec['arm']} {wl.key} {p.label}: {len(rows)} req in {wall:.2f} s, encoder items {per}, "

@@ -16,8 +16,16 @@ from tests.integration.conftest import vllm_python  # noqa: F401  (fixture)
 
 TOOL = REPO / "tools" / "gpu_bench.sh"
 CALLS = (
-    "eager", "pressure", "epd", "fleet", "fleet-pressure", "fleet-large",
-    "compiled", "compiled-pressure", "compiled-epd", "small-images",
+    "eager",
+    "pressure",
+    "epd",
+    "fleet",
+    "fleet-pressure",
+    "fleet-large",
+    "compiled",
+    "compiled-pressure",
+    "compiled-epd",
+    "small-images",
 )
 
 

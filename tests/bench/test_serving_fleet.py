@@ -188,6 +188,13 @@ def test_a_pass_gives_its_pulls_median_and_p99_in_ms_and_none_without_pulls() ->
     assert "pull_p50_ms" not in pass_figures(rows, 1.0, 4, [1, 0], {}, [])
 
 
+def test_a_measured_pass_keeps_each_requests_ttft_in_request_order() -> None:
+    rows = [(0.3, 0.5, 8), (0.1234, 0.2, 8), (0.2, 0.4, 8)]
+    figures = pass_figures(rows, 1.0, 3, [3, 0], {}, per_request=True)
+    assert figures["ttft_ms"] == [300.0, 123.4, 200.0] and figures["ttft_p50_ms"] == 200.0
+    assert "ttft_ms" not in pass_figures(rows, 1.0, 3, [3, 0], {})
+
+
 @pytest.mark.vllm
 @pytest.mark.slow
 @pytest.mark.timeout(900)
