@@ -329,3 +329,13 @@ def test_lecar_tuned_a_gentler_discount_moves_the_weight_more_for_a_late_regret(
         policy._regret(0, 30)  # the LRU expert's victim came back 30 accesses later
         moved.append(0.5 - policy.lru_weight)
     assert 0 < moved[0] < moved[1]
+
+
+def test_the_step_cost_bench_times_each_policy_against_the_first() -> None:
+    from bench.eviction_step_cost import step_costs
+
+    res = step_costs(
+        ["fifo", "decayed-adaptive"], trace_name="compare", steps=40, reps=1, region_gib=0.01, seed=3
+    )
+    assert set(res) == {"fifo", "decayed-adaptive"} and res["fifo"]["p50_ratio"] == 1.0
+    assert all(0 < r["p50_us"] <= r["p99_us"] for r in res.values())
