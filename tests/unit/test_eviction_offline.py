@@ -13,6 +13,7 @@ from bench.cache_traces import Trace, make_trace
 from bench.eviction import _belady, _ours, replay_hits
 from bench.eviction_arc import ArcPolicy
 from bench.eviction_candidates import ClockPolicy, TinyLfuS3FifoPolicy
+from bench.eviction_hyperbolic import make_candidate
 from bench.eviction_offline import (
     BeladyPolicy,
     RequestClock,
@@ -82,11 +83,26 @@ def test_belady_evicts_the_entry_requested_farthest_ahead():
 # --- the candidates keep the table's guarantees -------------------------------------------------
 
 CANDIDATES = ["clock", "s3fifo-tinylfu", "lfu", "lecar", "lecar-lru", "wtinylfu", "arc"]
+TUNED = [  # bench/eviction_hyperbolic.py and bench/eviction_decayed.py, with settings that exercise them
+    "hyperbolic",
+    "hyperbolic:prior=0,k=2",
+    "hyperbolic:prior=4,horizon=2",
+    "hyperbolic-size:ghost=0",
+    "decayed:half=0.5",
+    "decayed-size:ghost=0",
+    "decayed-adaptive:window=0.5,halves=0.2/5",
+    "decayed-adaptive:z=1,size=1,window=0.5,halves=0.2/5",
+    "decayed-adaptive:z=0,shard=0.5,window=0.5,halves=0.2/5",
+    "lecar-tuned:discount=0.5,rate=0.9",
+]
+CANDIDATES += TUNED
 KINDS = ["ready", "ready", "read", "pinned", "granted", "announced", "not_ready", "quarantined"]
 
 
 def _candidate(name: str, table: EntryTable) -> EvictionPolicy:
     num_blocks = table.blocks.num_blocks
+    if name in TUNED:
+        return make_candidate(name, num_blocks, table._evictable)
     if name == "clock":
         return ClockPolicy(table._evictable)
     if name == "lfu":
@@ -102,7 +118,7 @@ def _candidate(name: str, table: EntryTable) -> EvictionPolicy:
     return TinyLfuS3FifoPolicy(num_blocks, table._evictable, min_compact=8)
 
 
-@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     name=st.sampled_from(CANDIDATES),
     specs=st.lists(st.tuples(st.integers(1, 6), st.sampled_from(KINDS)), min_size=1, max_size=20),
@@ -121,3 +137,5 @@ def test_no_candidate_evicts_a_held_entry_and_blocks_are_conserved(name, specs, 
                 table.pin(f"new{n}")
                 table.unpin(f"new{n}")
                 check_blocks(table)
+    # lazy deletion stays bounded: stale heap or queue items are compacted away
+    assert table._policy.queued() <= 2 * len(table.entries()) + 64
