@@ -274,7 +274,11 @@ def run(args: argparse.Namespace) -> int:
         "model": str(model),
         "geometry": geometry,
         "fleet_extra": fleet_extra(args) if mode == "fleet" else None,
-        "workloads": [{k: w[k] for k in ("name", "size", "pool", "notes")} for w in wls],
+        # each pass's image seeds, request i of a pass being its i-th: with the passes' per-request
+        # TTFTs they say which requests repeated an image
+        "workloads": [
+            {**{k: w[k] for k in ("name", "size", "pool", "notes")}, "passes": w["passes"]} for w in wls
+        ],
         "engines": [],
     }
     json_path = out / f"serving-{args.mode}-{run_id}.json"

@@ -183,6 +183,11 @@ def test_serving_bench_runs_end_to_end_on_vllm_cpu(vllm_python: Path, tmp_path: 
     assert ours_hooks["update_state_after_alloc"][0] >= 8 and ours_hooks["build_connector_meta"][0] > 0
     assert wl["ours"]["unique"]["measured"]["hook_ms"] > 0
     assert all(w["measured"]["hook_ms"] == 0 and not w["hooks"] for w in wl["none"].values())
+    # each measured pass keeps its requests' TTFTs, and the run its passes' images, request by request
+    seeds = {(w["name"], p["label"]): p["seeds"] for w in run["workloads"] for p in w["passes"]}
+    for p in wl["ours"]["pressure"]["passes"]:
+        assert len(seeds[("pressure", p["label"])]) == p["requests"]
+        assert ("ttft_ms" in p) == p["measured"] and len(p.get("ttft_ms", [0] * 8)) == 8
     # the report through the installed command line (the run above went through bench/serving.py)
     printed = report(vllm_python, path, via_cli=True)
     assert "repeat@100x80, eager" in printed and "ours / none" in printed
