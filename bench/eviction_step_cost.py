@@ -1,7 +1,7 @@
 """Step cost of eviction policies, candidates included: `bench/compare_cache.py`'s engine-step
 replay (lookups, reservations, pins and readiness of ~256 live requests a step) through our table
 with each policy, the policies alternating over the repetitions; step p50 and p99 after the
-region's first fill, and each p50 against `fifo`'s.
+region's first fill, and each p50 against the first policy's (`fifo` by default).
 
     .venv/bin/python bench/eviction_step_cost.py --policies fifo s3fifo lecar decayed-adaptive
 
