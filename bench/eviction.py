@@ -47,7 +47,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.cache_sides import BaselineSide, OursSide  # noqa: E402
 from bench.cache_traces import ENGINE_SOURCES, SOURCES, Trace, make_trace  # noqa: E402
 from bench.eviction_arc import ArcPolicy  # noqa: E402
-from bench.eviction_candidates import ClockPolicy, TinyLfuS3FifoPolicy  # noqa: E402
+from bench.eviction_candidates import ClockPolicy, Settings, TinyLfuS3FifoPolicy, policy_settings  # noqa: E402
 from bench.eviction_hyperbolic import is_candidate, make_candidate  # noqa: E402
 from bench.eviction_offline import miss_ratio_bound  # noqa: E402
 from bench.eviction_wtinylfu import WTinyLfuPolicy  # noqa: E402
@@ -83,26 +83,16 @@ _EC = "vllm.distributed.ec_transfer.ec_connector.cpu"
 
 # `s3fifo:` followed by comma-separated settings replays S3-FIFO with other shares, e.g.
 # `s3fifo:small=0.05,ghost=0.4,reads=7` (the shipped ones: eviction.SMALL_SHARE, GHOST_SHARE, MAX_READS)
-S3FIFO_SETTINGS = {"small": "small_share", "ghost": "ghost_share", "reads": "max_reads"}
-
-
-def s3fifo_settings(policy: str) -> dict[str, Any]:
-    """The S3FifoPolicy keywords of an `s3fifo:k=v,...` name; a clear error for anything else."""
-    out: dict[str, Any] = {}
-    for part in policy.removeprefix("s3fifo:").split(","):
-        key, sep, value = part.partition("=")
-        if not sep or key not in S3FIFO_SETTINGS:
-            raise ValueError(f"{policy!r}: expected s3fifo:k=v,... with k one of {sorted(S3FIFO_SETTINGS)}")
-        try:
-            out[S3FIFO_SETTINGS[key]] = int(value) if key == "reads" else float(value)
-        except ValueError:
-            raise ValueError(f"{policy!r}: {key}={value!r} is not a number") from None
-    return out
+S3FIFO_SETTINGS: Settings = {
+    "small": ("small_share", float),
+    "ghost": ("ghost_share", float),
+    "reads": ("max_reads", int),
+}
 
 
 def _ours(policy: str) -> Callable[[int], OursSide]:
     """A side with our table and `policy`: a shipped one by name, or a candidate of this bench."""
-    settings = s3fifo_settings(policy) if policy.startswith("s3fifo:") else None
+    settings = policy_settings(policy, S3FIFO_SETTINGS) if policy.startswith("s3fifo:") else None
 
     def make(num_blocks: int) -> OursSide:
         side = OursSide(num_blocks)

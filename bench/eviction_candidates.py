@@ -5,6 +5,7 @@
 - `s3fifo-tinylfu`: S3-FIFO with a TinyLFU admission filter (a count-min sketch with aging)
   between its small and main queues.
 - `FrequencySketch`: the count-min sketch of TinyLFU, also W-TinyLFU's (bench/eviction_wtinylfu.py).
+- `policy_settings`: the keywords of a `policy:k=v,...` name, for every candidate that takes settings.
 
 (`lfu`, the LFU expert of the shipped `lecar`, is `ec_connector.domain.eviction_lecar.LfuPolicy`.)
 Each follows `ec_connector.domain.eviction.EvictionPolicy`, so the bench swaps it into our
@@ -15,7 +16,8 @@ shipped ones. docs/eviction.md gives their figures and why none ships.
 from __future__ import annotations
 
 import zlib
-from collections.abc import Container, Mapping
+from collections.abc import Callable, Container, Mapping
+from typing import Any
 
 from ec_connector.domain.entries import Entry
 from ec_connector.domain.eviction import (
@@ -27,6 +29,30 @@ from ec_connector.domain.eviction import (
     S3FifoPolicy,
     _Node,
 )
+
+Settings = dict[str, tuple[str, Callable[[str], Any]]]  # short key -> (keyword, parse)
+
+
+def flag(value: str) -> bool:
+    """A `k=v` setting's truth: anything but 0, false or no."""
+    return value not in ("0", "false", "no")
+
+
+def policy_settings(name: str, keys: Settings) -> dict[str, Any]:
+    """The keywords of a `policy:k=v,...` name (none without the colon), each value parsed by its
+    key's parser; a clear error naming the name for an unknown key or a value that does not parse."""
+    _, _, rest = name.partition(":")
+    out: dict[str, Any] = {}
+    for part in filter(None, rest.split(",")):
+        key, eq, value = part.partition("=")
+        if not eq or key not in keys:
+            raise ValueError(f"{name!r}: expected k=v,... with k one of {sorted(keys)}")
+        keyword, parse = keys[key]
+        try:
+            out[keyword] = parse(value)
+        except ValueError:
+            raise ValueError(f"{name!r}: {key}={value!r} is not a number") from None
+    return out
 
 
 class ClockPolicy:

@@ -32,6 +32,7 @@ import zlib
 from collections import OrderedDict
 from collections.abc import Container, Mapping
 
+from bench.eviction_candidates import Settings, flag, policy_settings
 from ec_connector.domain.entries import Entry
 
 HALF_LIFE = 4.0  # in region's worth of blocks accessed
@@ -367,44 +368,29 @@ class AdaptiveDecayedPolicy(DecayedPolicy):
             self._ghost[key] = (rows, score * 2.0 ** (-old * (now - when)), now)
 
 
+_DECAYED_KEYS: Settings = {
+    "ghost": ("ghost_share", float),
+    "size": ("size_aware", flag),
+    "half": ("half_life", float),
+}
+_ADAPTIVE_KEYS: Settings = {
+    "ghost": ("ghost_share", float),
+    "size": ("size_aware", flag),
+    "window": ("window", float),
+    "start": ("start", int),
+    "halves": ("half_lives", lambda v: tuple(float(h) for h in v.split("/"))),
+    "margin": ("margin", float),
+    "z": ("z", float),
+    "shard": ("shard", float),
+}
+
+
 def make_decayed(name: str, num_blocks: int, evictable: Mapping[str, Entry]) -> DecayedPolicy:
     """`decayed[:half=H,ghost=G,size=0|1]` (`decayed-size`: size-aware) or
     `decayed-adaptive[:window=W,z=Z,margin=M,shard=R,ghost=G,size=0|1,start=I,halves=H1/H2/...]`
     as a policy."""
-    base, _, rest = name.partition(":")
-    adaptive = base == "decayed-adaptive"
-    size_aware = base == "decayed-size"
-    numbers: dict[str, float] = {}
-    half_lives: tuple[float, ...] = HALF_LIVES
-    adaptive_keys = {"window", "start", "halves", "margin", "z", "shard"}
-    allowed = {"ghost", "size"} | (adaptive_keys if adaptive else {"half"})
-    for part in filter(None, rest.split(",")):
-        key, eq, value = part.partition("=")
-        if not eq or key not in allowed:
-            raise ValueError(f"{name!r}: expected k=v,... with k one of {sorted(allowed)}")
-        try:
-            if key == "size":
-                size_aware = value not in ("0", "false", "no")
-            elif key == "halves":
-                half_lives = tuple(float(h) for h in value.split("/"))
-            else:
-                numbers[key] = float(value)
-        except ValueError:
-            raise ValueError(f"{name!r}: {key}={value!r} is not a number") from None
-    ghost = numbers.get("ghost", GHOST_SHARE)
-    if adaptive:
-        start = numbers.get("start")
-        return AdaptiveDecayedPolicy(
-            num_blocks,
-            evictable,
-            half_lives=half_lives,
-            window=numbers.get("window", WINDOW),
-            margin=numbers.get("margin", 0.0),
-            z=numbers.get("z", Z),
-            shard=numbers.get("shard", 1.0),
-            ghost_share=ghost,
-            size_aware=size_aware,
-            start=None if start is None else int(start),
-        )
-    half = numbers.get("half", HALF_LIFE)
-    return DecayedPolicy(num_blocks, evictable, half_life=half, ghost_share=ghost, size_aware=size_aware)
+    base = name.partition(":")[0]
+    if base == "decayed-adaptive":
+        return AdaptiveDecayedPolicy(num_blocks, evictable, **policy_settings(name, _ADAPTIVE_KEYS))
+    kw = {"size_aware": base == "decayed-size", **policy_settings(name, _DECAYED_KEYS)}
+    return DecayedPolicy(num_blocks, evictable, **kw)

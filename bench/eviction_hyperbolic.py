@@ -37,9 +37,10 @@ from __future__ import annotations
 import math
 import random
 from collections import OrderedDict
-from collections.abc import Callable, Container, Mapping
+from collections.abc import Container, Mapping
 from typing import Any
 
+from bench.eviction_candidates import Settings, flag, policy_settings
 from bench.eviction_decayed import make_decayed
 from ec_connector.domain.entries import Entry
 from ec_connector.domain.eviction import EvictionPolicy
@@ -242,15 +243,15 @@ class TunedLeCarPolicy(LeCarPolicy):
 
 # --- names the bench replays -------------------------------------------------------------------
 
-_HYPERBOLIC_KEYS: dict[str, tuple[str, Callable[[str], Any]]] = {
+_HYPERBOLIC_KEYS: Settings = {
     "k": ("sample", int),
-    "size": ("size_aware", lambda v: v not in ("0", "false", "no")),
+    "size": ("size_aware", flag),
     "ghost": ("ghost_share", float),
     "horizon": ("horizon", float),
     "prior": ("prior", float),
     "seed": ("seed", int),
 }
-_LECAR_KEYS: dict[str, tuple[str, Callable[[str], Any]]] = {
+_LECAR_KEYS: Settings = {
     "rate": ("learning_rate", float),
     "discount": ("discount", float),
     "age": ("age", float),
@@ -259,24 +260,6 @@ _LECAR_KEYS: dict[str, tuple[str, Callable[[str], Any]]] = {
     "min": ("min_weight", float),
     "lru": ("lru_weight", float),
 }
-
-
-def _settings(name: str, keys: dict[str, tuple[str, Callable[[str], Any]]]) -> dict[str, Any]:
-    """The keywords of a `policy:k=v,...` name; a clear error for anything else."""
-    _, sep, rest = name.partition(":")
-    out: dict[str, Any] = {}
-    if not sep:
-        return out
-    for part in rest.split(","):
-        key, eq, value = part.partition("=")
-        if not eq or key not in keys:
-            raise ValueError(f"{name!r}: expected k=v,... with k one of {sorted(keys)}")
-        keyword, parse = keys[key]
-        try:
-            out[keyword] = parse(value)
-        except ValueError:
-            raise ValueError(f"{name!r}: {key}={value!r} is not a number") from None
-    return out
 
 
 def is_candidate(name: str) -> bool:
@@ -291,10 +274,10 @@ def make_candidate(name: str, num_blocks: int, evictable: Mapping[str, Entry]) -
     min=,lru=]`, `decayed[:...]` (bench/eviction_decayed.py)."""
     base = name.partition(":")[0]
     if base in ("hyperbolic", "hyperbolic-size"):
-        kw = {"size_aware": base == "hyperbolic-size", **_settings(name, _HYPERBOLIC_KEYS)}
+        kw = {"size_aware": base == "hyperbolic-size", **policy_settings(name, _HYPERBOLIC_KEYS)}
         return HyperbolicPolicy(num_blocks, evictable, **kw)
     if base == "lecar-tuned":
-        return TunedLeCarPolicy(num_blocks, evictable, **_settings(name, _LECAR_KEYS))
+        return TunedLeCarPolicy(num_blocks, evictable, **policy_settings(name, _LECAR_KEYS))
     if base.startswith("decayed"):
         return make_decayed(name, num_blocks, evictable)
     raise ValueError(f"unknown candidate {name!r}")
