@@ -19,8 +19,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import random
-import socket
 import sys
 import time
 from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
@@ -159,34 +157,6 @@ def make_image(seed: int, size: tuple[int, int]) -> tuple[Any, str]:
 def replica_for(request: int, replicas: int) -> int:
     """The round-robin client's choice: request i of a pass goes to replica i % replicas."""
     return request % replicas
-
-
-def free_port() -> int:
-    """A local TCP port free now, drawn below the kernel's ephemeral range: the bench names ports
-    for replicas that start up to a minute later, and a port from that range (what bind to port 0
-    returns) can meanwhile be handed to another process's bind(0) or outgoing connection."""
-    low = ephemeral_low()
-    draw = random.SystemRandom()
-    for _ in range(100):
-        port = draw.randrange(max(1024, low - 16384), low)
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-            return port
-    with socket.socket() as s:  # every draw taken: the kernel's choice
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def ephemeral_low(path: str = "/proc/sys/net/ipv4/ip_local_port_range") -> int:
-    """The first port of the kernel's ephemeral range (32768, Linux's default, where unreadable)."""
-    try:
-        with open(path) as f:
-            return int(f.read().split()[0])
-    except (OSError, ValueError, IndexError):
-        return 32768
 
 
 def start(kwargs: dict[str, Any], name: str, env: dict[str, str], **engine_options: Any) -> Any:

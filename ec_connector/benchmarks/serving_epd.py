@@ -27,6 +27,7 @@ import os
 import time
 from typing import Any
 
+from ec_connector.benchmarks.ports import free_port
 from ec_connector.benchmarks.serving_engine import (
     Results,
     child_main,
@@ -34,7 +35,6 @@ from ec_connector.benchmarks.serving_engine import (
     drive,
     encoder_items,
     exit_child,
-    free_port,
     make_image,
     prompt_for,
     pull_figures,

@@ -30,6 +30,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from ec_connector.benchmarks.ports import free_port
 from ec_connector.benchmarks.serving_engine import (
     MiB,
     Results,
@@ -38,7 +39,6 @@ from ec_connector.benchmarks.serving_engine import (
     counter_logger,
     encoder_items,
     exit_child,
-    free_port,
     pull_figures,
     replica_for,
     run_pass,

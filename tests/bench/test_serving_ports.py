@@ -6,7 +6,7 @@ from __future__ import annotations
 import socket
 from pathlib import Path
 
-from ec_connector.benchmarks.serving_engine import ephemeral_low, free_port
+from ec_connector.benchmarks.ports import ephemeral_low, free_port, free_ports
 
 
 def test_a_named_port_is_free_and_below_the_ephemeral_range() -> None:
@@ -24,3 +24,8 @@ def test_the_ephemeral_range_is_read_from_the_kernel_and_defaults_where_unreadab
     assert ephemeral_low(str(tmp_path / "missing")) == 32768
     (tmp_path / "bad").write_text("")
     assert ephemeral_low(str(tmp_path / "bad")) == 32768
+
+
+def test_ports_drawn_together_are_distinct_and_free() -> None:
+    ports = free_ports(12)
+    assert len(set(ports)) == 12 and all(1024 <= p < ephemeral_low() for p in ports)
