@@ -27,18 +27,15 @@ less against what it does next.
 
 Replays are reproducible: the sample is drawn by a `random.Random` seeded at construction.
 
-Also here: `TunedLeCarPolicy` (`lecar` with its regret's discount as a setting, the other
-settings being `LeCarPolicy`'s), and the names under which bench/eviction.py replays these
-candidates and bench/eviction_decayed.py's (`make_candidate`).
+Also here: the names under which bench/eviction.py replays these candidates, `lecar-tuned` (the
+shipped `LeCarPolicy` with other settings) and bench/eviction_decayed.py's (`make_candidate`).
 """
 
 from __future__ import annotations
 
-import math
 import random
 from collections import OrderedDict
 from collections.abc import Container, Mapping
-from typing import Any
 
 from bench.eviction_candidates import Settings, flag, policy_settings
 from bench.eviction_decayed import make_decayed
@@ -216,31 +213,6 @@ class HyperbolicPolicy:
         node.slot = -1
 
 
-class TunedLeCarPolicy(LeCarPolicy):
-    """`lecar` with its regret's discount as a setting: a key that comes back `age` accesses after
-    its eviction is a regret of `discount ** (age / entries held)` (the shipped policy: 0.005)."""
-
-    name = "lecar-tuned"
-
-    def __init__(
-        self, num_blocks: int, evictable: Mapping[str, Entry], *, discount: float = 0.005, **kw: Any
-    ) -> None:
-        super().__init__(num_blocks, evictable, **kw)
-        self._discount = discount
-
-    def _regret(self, expert: int, age: int) -> None:
-        held = max(1, len(self._nodes))
-        reward = self._discount ** (age / held)
-        lru, lfu = self._weight, 1.0 - self._weight
-        share = lru if expert == 0 else lfu
-        penalty = math.exp(-self._rate * reward / share)
-        if expert == 0:
-            lru *= penalty
-        else:
-            lfu *= penalty
-        self._weight = min(1.0 - self._min_weight, max(self._min_weight, lru / (lru + lfu)))
-
-
 # --- names the bench replays -------------------------------------------------------------------
 
 _HYPERBOLIC_KEYS: Settings = {
@@ -277,7 +249,7 @@ def make_candidate(name: str, num_blocks: int, evictable: Mapping[str, Entry]) -
         kw = {"size_aware": base == "hyperbolic-size", **policy_settings(name, _HYPERBOLIC_KEYS)}
         return HyperbolicPolicy(num_blocks, evictable, **kw)
     if base == "lecar-tuned":
-        return TunedLeCarPolicy(num_blocks, evictable, **policy_settings(name, _LECAR_KEYS))
+        return LeCarPolicy(num_blocks, evictable, **policy_settings(name, _LECAR_KEYS))
     if base.startswith("decayed"):
         return make_decayed(name, num_blocks, evictable)
     raise ValueError(f"unknown candidate {name!r}")

@@ -164,6 +164,7 @@ def _stamp_of(item: tuple[int, _Counted]) -> int:
 
 LEARNING_RATE = 0.45  # LeCaR's lambda: how much one regret moves the weights
 MIN_WEIGHT = 0.001  # neither expert is ruled out, so its weight can come back when popularity moves
+DISCOUNT = 0.005  # a regret's reward after as many accesses as entries held: later regrets weigh less
 _LRU, _LFU = 0, 1
 
 
@@ -186,9 +187,11 @@ class LeCarPolicy(LfuPolicy):
         age: float = 10.0,
         min_weight: float = MIN_WEIGHT,
         lru_weight: float = 0.5,
+        discount: float = DISCOUNT,
     ) -> None:
         super().__init__(num_blocks, evictable, ghost_share=ghost_share, age=age)
         self._min_weight = min_weight
+        self._discount = discount
         self._lru: OrderedDict[str, _Counted] = OrderedDict()  # front: least recently used
         self._history: tuple[OrderedDict[str, tuple[int, int]], ...] = (OrderedDict(), OrderedDict())
         self._history_rows = [0, 0]
@@ -271,12 +274,12 @@ class LeCarPolicy(LfuPolicy):
 
     def _regret(self, expert: int, age: int) -> None:
         """`expert` evicted a key wanted again `age` accesses later: lower its weight, by more the
-        sooner (LeCaR's reward, discounted to 0.005 after as many accesses as entries held). The
+        sooner (LeCaR's reward, discounted to `discount` after as many accesses as entries held). The
         penalty is divided by the expert's share of evictions (an importance weight, as in EXP3):
         an expert followed more often makes more regrets for that alone, and without it the
         weights drift to an even split whichever expert is better."""
         held = max(1, len(self._nodes))
-        reward = 0.005 ** (age / held)
+        reward = self._discount ** (age / held)
         lru, lfu = self._weight, 1.0 - self._weight
         share = lru if expert == _LRU else lfu
         penalty = math.exp(-self._rate * reward / share)

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from bench.eviction import _ours
 from bench.eviction_decayed import AdaptiveDecayedPolicy, DecayedPolicy
-from bench.eviction_hyperbolic import HyperbolicPolicy, TunedLeCarPolicy, is_candidate, make_candidate
+from bench.eviction_hyperbolic import HyperbolicPolicy, is_candidate, make_candidate
 from ec_connector.domain.cache import EntryTable
 from ec_connector.domain.eviction import EvictionPolicy
 from ec_connector.domain.eviction_lecar import LeCarPolicy
@@ -37,7 +37,7 @@ def test_the_bench_replays_the_candidates_by_name():
     for name in ("hyperbolic:k=16,size=1,ghost=2,horizon=4,prior=1,seed=3", "decayed:half=2", "lecar-tuned"):
         assert is_candidate(name)
         side = _ours(name)(64)
-        assert type(side.table._policy).__name__ in ("HyperbolicPolicy", "DecayedPolicy", "TunedLeCarPolicy")
+        assert type(side.table._policy).__name__ in ("HyperbolicPolicy", "DecayedPolicy", "LeCarPolicy")
     assert not is_candidate("lecar") and not is_candidate("s3fifo")
     with pytest.raises(ValueError, match="expected k=v"):
         make_candidate("hyperbolic:nope=1", 8, {})
@@ -275,7 +275,7 @@ def _victims_of(policy_of: Callable[[EntryTable], EvictionPolicy], keys: list[in
 
 def test_lecar_tuned_with_the_shipped_discount_is_lecar():
     keys = [(n * n + 3 * n) % 23 for n in range(400)]
-    assert _victims_of(lambda t: TunedLeCarPolicy(16, t._evictable), keys) == _victims_of(
+    assert _victims_of(lambda t: make_candidate("lecar-tuned", 16, t._evictable), keys) == _victims_of(
         lambda t: LeCarPolicy(16, t._evictable), keys
     )
 
@@ -284,7 +284,7 @@ def test_lecar_tuned_a_gentler_discount_moves_the_weight_more_for_a_late_regret(
     moved = []
     for discount in (0.005, 0.5):
         table = EntryTable(16)
-        policy = TunedLeCarPolicy(16, table._evictable, discount=discount)
+        policy = LeCarPolicy(16, table._evictable, discount=discount)
         table._policy = policy
         for i in range(10):
             request(table, f"x{i}")  # ten entries held
