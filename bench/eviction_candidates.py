@@ -6,6 +6,7 @@
   between its small and main queues.
 - `FrequencySketch`: the count-min sketch of TinyLFU, also W-TinyLFU's (bench/eviction_wtinylfu.py).
 - `policy_settings`: the keywords of a `policy:k=v,...` name, for every candidate that takes settings.
+- `BlockGhost`: evicted keys' records within a budget of blocks, for the candidates that keep some.
 
 (`lfu`, the LFU expert of the shipped `lecar`, is `ec_connector.domain.eviction_lecar.LfuPolicy`.)
 Each follows `ec_connector.domain.eviction.EvictionPolicy`, so the bench swaps it into our
@@ -16,6 +17,7 @@ shipped ones. docs/eviction.md gives their figures and why none ships.
 from __future__ import annotations
 
 import zlib
+from collections import OrderedDict
 from collections.abc import Callable, Container, Mapping
 from typing import Any
 
@@ -53,6 +55,38 @@ def policy_settings(name: str, keys: Settings) -> dict[str, Any]:
         except ValueError:
             raise ValueError(f"{name!r}: {key}={value!r} is not a number") from None
     return out
+
+
+class BlockGhost:
+    """Records of evicted keys (what a policy restores when the key is reserved again), the oldest
+    dropped first once their entries' blocks pass `limit`; a limit of 0 keeps none."""
+
+    def __init__(self, limit: int) -> None:
+        self._limit = limit
+        self._records: OrderedDict[str, tuple[int, Any]] = OrderedDict()  # key -> rows, record
+        self._rows = 0
+
+    def add(self, key: str, rows: int, record: Any) -> None:
+        if self._limit <= 0:
+            return
+        self._records[key] = (rows, record)
+        self._rows += rows
+        while self._rows > self._limit:
+            _, (dropped, _record) = self._records.popitem(last=False)
+            self._rows -= dropped
+
+    def pop(self, key: str) -> Any | None:
+        """`key`'s record, taken out of the ghost; None when it is not there."""
+        found = self._records.pop(key, None)
+        if found is None:
+            return None
+        self._rows -= found[0]
+        return found[1]
+
+    def remap(self, change: Callable[[Any], Any]) -> None:
+        """Replace every record by `change` of it (in place, order kept)."""
+        for key, (rows, record) in self._records.items():
+            self._records[key] = (rows, change(record))
 
 
 class ClockPolicy:

@@ -32,7 +32,7 @@ import zlib
 from collections import OrderedDict
 from collections.abc import Container, Mapping
 
-from bench.eviction_candidates import Settings, flag, policy_settings
+from bench.eviction_candidates import BlockGhost, Settings, flag, policy_settings
 from ec_connector.domain.entries import Entry
 
 HALF_LIFE = 4.0  # in region's worth of blocks accessed
@@ -72,9 +72,7 @@ class DecayedPolicy:
         self._heap: list[tuple[float, int, _Decayed]] = []
         self._seq = 0
         self._time = 0.0
-        self._ghost: OrderedDict[str, tuple[int, float, float]] = OrderedDict()  # key -> rows, score, when
-        self._ghost_rows = 0
-        self._ghost_limit = int(num_blocks * ghost_share)
+        self._ghost = BlockGhost(int(num_blocks * ghost_share))  # key -> (score, when)
 
     def score(self, entry: Entry) -> float:
         """`entry`'s decayed request count now."""
@@ -83,12 +81,10 @@ class DecayedPolicy:
 
     def reserved(self, entry: Entry) -> None:
         self._time += entry.rows
-        found = self._ghost.pop(entry.key, None)
+        found = self._ghost.pop(entry.key)
         node = _Decayed(entry, 0.0, self._time)
         if found is not None:
-            rows, score, when = found
-            self._ghost_rows -= rows
-            node.score, node.when = score, when
+            node.score, node.when = found
         self._nodes[entry.key] = node
         self._count(node)
 
@@ -107,13 +103,7 @@ class DecayedPolicy:
     def freed(self, entry: Entry) -> None:
         node = self._nodes.pop(entry.key)
         node.seq = -1
-        if self._ghost_limit <= 0:
-            return
-        self._ghost[entry.key] = (entry.rows, node.score, node.when)
-        self._ghost_rows += entry.rows
-        while self._ghost_rows > self._ghost_limit:
-            _, (rows, _score, _when) = self._ghost.popitem(last=False)
-            self._ghost_rows -= rows
+        self._ghost.add(entry.key, entry.rows, (node.score, node.when))
 
     def victims(self, needed: int, protect: Container[str]) -> list[Entry]:
         out: list[Entry] = []
@@ -364,8 +354,7 @@ class AdaptiveDecayedPolicy(DecayedPolicy):
                 heap.append((node.key, self._seq, node))
         heapq.heapify(heap)
         self._heap = heap
-        for key, (rows, score, when) in self._ghost.items():
-            self._ghost[key] = (rows, score * 2.0 ** (-old * (now - when)), now)
+        self._ghost.remap(lambda record: (record[0] * 2.0 ** (-old * (now - record[1])), now))
 
 
 _DECAYED_KEYS: Settings = {

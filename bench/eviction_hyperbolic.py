@@ -34,10 +34,9 @@ shipped `LeCarPolicy` with other settings) and bench/eviction_decayed.py's (`mak
 from __future__ import annotations
 
 import random
-from collections import OrderedDict
 from collections.abc import Container, Mapping
 
-from bench.eviction_candidates import Settings, flag, policy_settings
+from bench.eviction_candidates import BlockGhost, Settings, flag, policy_settings
 from bench.eviction_decayed import make_decayed
 from ec_connector.domain.entries import Entry
 from ec_connector.domain.eviction import EvictionPolicy
@@ -85,9 +84,7 @@ class HyperbolicPolicy:
         self._prior = prior
         self._nodes: dict[str, _Hyp] = {}
         self._listed: list[_Hyp] = []
-        self._ghost: OrderedDict[str, tuple[int, float, int]] = OrderedDict()  # key -> rows, count, since
-        self._ghost_rows = 0
-        self._ghost_limit = int(num_blocks * ghost_share)
+        self._ghost = BlockGhost(int(num_blocks * ghost_share))  # key -> (count, since)
         self._rng = random.Random(seed)
         self._time = 0
 
@@ -98,12 +95,11 @@ class HyperbolicPolicy:
 
     def reserved(self, entry: Entry) -> None:
         self._time += 1
-        found = self._ghost.pop(entry.key, None)
+        found = self._ghost.pop(entry.key)
         if found is None:
             node = _Hyp(entry, 1.0, self._time)
         else:
-            rows, count, since = found
-            self._ghost_rows -= rows
+            count, since = found
             node = _Hyp(entry, count + 1.0, since)
             self._shorten(node)
         self._nodes[entry.key] = node
@@ -123,13 +119,7 @@ class HyperbolicPolicy:
     def freed(self, entry: Entry) -> None:
         node = self._nodes.pop(entry.key)
         self._unlist(node)
-        if self._ghost_limit <= 0:
-            return
-        self._ghost[entry.key] = (entry.rows, node.count, node.since)
-        self._ghost_rows += entry.rows
-        while self._ghost_rows > self._ghost_limit:
-            _, (rows, _count, _since) = self._ghost.popitem(last=False)
-            self._ghost_rows -= rows
+        self._ghost.add(entry.key, entry.rows, (node.count, node.since))
 
     def victims(self, needed: int, protect: Container[str]) -> list[Entry]:
         out: list[Entry] = []
