@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from ec_connector.application.stats import TierStats
+from ec_connector.benchmarks import proc_cpu
 from ec_connector.benchmarks.common import percentile
 from ec_connector.benchmarks.serving_hook import (
     COUNT_PREFIX,
@@ -271,6 +272,18 @@ async def run_pass(
     return [r for r in results if r is not None], wall
 
 
+def cpu_note(cpu: list[dict]) -> str:
+    """The busiest main thread's CPU in a pass (the engine's step thread): its own, its process's
+    other threads', and how often it blocked (docs/serving-bench.md, "Where a pass's CPU goes")."""
+    top = proc_cpu.busiest(cpu)
+    if top is None:
+        return ""
+    return (
+        f", {top['comm']} main thread {top['main_cpu_s']:.2f} s CPU ({top['main_voluntary']} blocks), "
+        f"other threads {top['others_cpu_s']:.2f} s"
+    )
+
+
 def summarize(
     rows: list[tuple[float, float, int]], wall: float, items: int, encoded: int, *, per_request: bool = False
 ) -> dict:
@@ -307,17 +320,19 @@ async def serve(engine: Any, spec: dict, out: Results, hook_dir: str) -> None:
             for p in wl.passes:
                 before, stub_before = encoder_counts(hook_dir)
                 hooks_before = await settled_hook_totals(hook_dir)
+                cpu_before = proc_cpu.snapshot()
                 rows, wall = await run_pass([engine], spec, wl, p.label, p.seeds, f"{spec['tag']}-{wl.key}")
+                cpu = proc_cpu.delta(cpu_before, proc_cpu.snapshot())
                 after, stub_after = encoder_counts(hook_dir)
                 hooks = hook_delta(hooks_before, await settled_hook_totals(hook_dir))
                 encoded = after - before
                 figures = summarize(rows, wall, len(p.seeds), encoded, per_request=p.measured)
                 figures["stubbed_items"] = stub_after - stub_before
                 figures["hook_ms"] = round(sum(ms for _, ms in hooks.values()), 3)
-                passes.append({"label": p.label, "measured": p.measured, **figures, "hooks": hooks})
+                passes.append({"label": p.label, "measured": p.measured, **figures, "hooks": hooks, "cpu": cpu})
                 say(
                     f"{spec['arm']} {wl.key} {p.label}: {len(rows)} req in {wall:.2f} s, "
-                    f"encoder items {encoded}, TTFT p50 {figures['ttft_p50_ms'] or 0:.0f} ms"
+                    f"encoder items {encoded}, TTFT p50 {figures['ttft_p50_ms'] or 0:.0f} ms{cpu_note(cpu)}"
                 )
                 if p.measured:
                     for method, (calls, ms) in hooks.items():

@@ -188,6 +188,11 @@ def test_serving_bench_runs_end_to_end_on_vllm_cpu(vllm_python: Path, tmp_path: 
     for p in wl["ours"]["pressure"]["passes"]:
         assert len(seeds[("pressure", p["label"])]) == p["requests"]
         assert ("ttft_ms" in p) == p["measured"] and len(p.get("ttft_ms", [0] * 8)) == 8
+    # each pass has the CPU its engine's processes spent, the step thread's apart from the rest
+    for p in wl["ours"]["unique"]["passes"]:
+        assert len(p["cpu"]) >= 2  # the bench's engine process and vLLM's below it
+        assert max(proc["main_cpu_s"] for proc in p["cpu"]) > 0
+        assert all(proc["others_cpu_s"] >= 0 and proc["threads"] >= 1 for proc in p["cpu"])
     # the report through the installed command line (the run above went through bench/serving.py)
     printed = report(vllm_python, path, via_cli=True)
     assert "repeat@100x80, eager" in printed and "ours / none" in printed
