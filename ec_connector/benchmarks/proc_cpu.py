@@ -5,7 +5,8 @@ A step thread that waits for the GIL spends wall time without CPU time, while th
 it spend CPU time; a step thread slowed by its own work spends both. A pass record carries the
 difference of two `snapshot`s (`delta`): per process, the main thread's CPU seconds and context
 switches (voluntary: it blocked, e.g. on the GIL or a lock; involuntary: the kernel took its core),
-and the other threads' CPU seconds (those that ended included). Standard library only; empty where `/proc` is absent.
+and the other threads' CPU seconds (those that ended included). Standard library only; empty
+where `/proc` is absent.
 """
 
 from __future__ import annotations

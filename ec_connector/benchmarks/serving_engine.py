@@ -329,7 +329,8 @@ async def serve(engine: Any, spec: dict, out: Results, hook_dir: str) -> None:
                 figures = summarize(rows, wall, len(p.seeds), encoded, per_request=p.measured)
                 figures["stubbed_items"] = stub_after - stub_before
                 figures["hook_ms"] = round(sum(ms for _, ms in hooks.values()), 3)
-                passes.append({"label": p.label, "measured": p.measured, **figures, "hooks": hooks, "cpu": cpu})
+                record = {"label": p.label, "measured": p.measured, **figures, "hooks": hooks, "cpu": cpu}
+                passes.append(record)
                 say(
                     f"{spec['arm']} {wl.key} {p.label}: {len(rows)} req in {wall:.2f} s, "
                     f"encoder items {encoded}, TTFT p50 {figures['ttft_p50_ms'] or 0:.0f} ms{cpu_note(cpu)}"

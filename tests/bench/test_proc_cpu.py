@@ -37,7 +37,10 @@ SPIN_S = 0.4
 
 def _spend(where: str) -> list[dict]:
     child = subprocess.Popen(
-        [sys.executable, "-c", CHILD, str(SPIN_S), where], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+        [sys.executable, "-c", CHILD, str(SPIN_S), where],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
     )
     try:
         assert child.stdout.readline().strip() == "up"
