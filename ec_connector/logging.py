@@ -220,15 +220,18 @@ class _Handoff(logging.handlers.QueueHandler):
 
 
 class _LineWriter:
-    """One daemon thread that hands queued records to `handlers` every WRITE_INTERVAL_S.
+    """One daemon thread that hands queued records to `handlers`, a burst at a time.
 
-    It wakes on a timer, never per line, so logging a record never wakes a thread that could take
-    the caller's core (on a 2-core host the woken writer would often run before the caller).
+    While nothing is queued it sleeps in the queue without waking: a thread woken on a timer takes
+    the GIL from a busy step thread each time (measured on the H200 as the step thread blocking
+    more often). A record wakes it; it then waits WRITE_INTERVAL_S before writing, so the lines
+    logged meanwhile go out together and the woken writer gives the caller's core straight back
+    (on a 2-core host it would often run before the caller).
     """
 
     def __init__(self, handlers: tuple[logging.Handler, ...]) -> None:
         self.handlers = handlers
-        self.queue: queue.SimpleQueue[logging.LogRecord] = queue.SimpleQueue()
+        self.queue: queue.SimpleQueue[logging.LogRecord | None] = queue.SimpleQueue()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = threading.Thread(
             target=self._run, name="ec-log-writer", daemon=True
@@ -236,24 +239,37 @@ class _LineWriter:
         self._thread.start()
 
     def _run(self) -> None:
-        while not self._stop.wait(WRITE_INTERVAL_S):
-            self._drain()
-        self._drain()
+        while True:
+            first = self.queue.get()  # None: `stop` woke it
+            self._stop.wait(WRITE_INTERVAL_S)
+            if first is not None:
+                self._write(first)
+            if not self._drain() or first is None or self._stop.is_set():
+                return
 
-    def _drain(self) -> None:
+    def _drain(self) -> bool:
+        """Write every queued record; False once the stop mark was among them."""
+        running = True
         while True:
             try:
                 record = self.queue.get_nowait()
             except queue.Empty:
-                return
-            for handler in self.handlers:
-                if record.levelno >= handler.level:
-                    handler.handle(record)
+                return running
+            if record is None:
+                running = False
+            else:
+                self._write(record)
+
+    def _write(self, record: logging.LogRecord) -> None:
+        for handler in self.handlers:
+            if record.levelno >= handler.level:
+                handler.handle(record)
 
     def stop(self) -> None:
         """Write what is queued and end the thread; idempotent."""
         if self._thread is not None:
             self._stop.set()
+            self.queue.put(None)
             self._thread.join()
             self._thread = None
 

@@ -98,3 +98,45 @@ def test_a_forked_child_writes_its_lines_through_a_writer_of_its_own(tmp_path):
     child = [line.split("n=")[1].split()[0] for line in lines if "event=child" in line]
     assert child == [str(i) for i in range(50)]
     assert sum("event=parent" in line for line in lines) == 1
+
+
+def test_an_idle_writer_sleeps_without_waking_and_a_line_still_goes_out_at_once(tmp_path):
+    # A writer woken on a timer would take the GIL from a busy step thread every interval; idle,
+    # it must not run at all (its thread's voluntary context switches stay put), and a line logged
+    # then still goes out within about one interval.
+    res = _run(
+        """
+        import logging, time, structlog
+        from pathlib import Path
+        from ec_connector import logging as ec_logging
+
+        ec_logging.configure_logging()
+        handler = logging.FileHandler("lines.log")
+        logging.getLogger("ec_connector").addHandler(handler)
+        ec_logging.write_lines_off_thread()
+        log = structlog.get_logger("ec_connector.test")
+        log.info("first")
+        time.sleep(0.2)
+        tid = ec_logging._writer._thread.native_id
+
+        def switches():
+            for line in Path(f"/proc/self/task/{tid}/status").read_text().splitlines():
+                if line.startswith("voluntary_ctxt_switches:"):
+                    return int(line.split()[1])
+
+        before = switches()
+        time.sleep(0.5)  # 25 intervals
+        idle = switches() - before
+        log.info("second")
+        t0 = time.monotonic()
+        while "event=second" not in Path("lines.log").read_text():
+            assert time.monotonic() - t0 < 5, "the line never went out"
+            time.sleep(0.002)
+        print(idle, round(time.monotonic() - t0, 3))
+        """,
+        tmp_path,
+    )
+    assert res.returncode == 0, res.stderr
+    idle, waited = res.stdout.split()
+    assert int(idle) == 0
+    assert float(waited) < 1.0
