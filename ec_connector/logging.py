@@ -222,9 +222,9 @@ class _Handoff(logging.handlers.QueueHandler):
 class _LineWriter:
     """One daemon thread that hands queued records to `handlers`, a burst at a time.
 
-    While nothing is queued it sleeps in the queue without waking: a thread woken on a timer takes
-    the GIL from a busy step thread each time (measured on the H200 as the step thread blocking
-    more often). A record wakes it; it then waits WRITE_INTERVAL_S before writing, so the lines
+    While nothing is queued it sleeps in the queue without waking: a thread woken on a timer would
+    take the GIL from the engine's step thread 50 times a second for nothing, and keep an idle
+    engine's process waking. A record wakes it; it then waits WRITE_INTERVAL_S before writing, so the lines
     logged meanwhile go out together and the woken writer gives the caller's core straight back
     (on a 2-core host it would often run before the caller).
     """
