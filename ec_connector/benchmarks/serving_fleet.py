@@ -30,6 +30,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from ec_connector.benchmarks import proc_cpu
 from ec_connector.benchmarks.ports import free_port
 from ec_connector.benchmarks.serving_engine import (
     MiB,
@@ -37,6 +38,7 @@ from ec_connector.benchmarks.serving_engine import (
     child_main,
     connector_config,
     counter_logger,
+    cpu_note,
     encoder_items,
     exit_child,
     pull_figures,
@@ -241,17 +243,19 @@ async def serve_workload(
         before = [encoder_items(hook_dir, n) for n in names]
         ctr_before = sum_counters(totals)
         fetched_before = len(fetches)
+        cpu_before = proc_cpu.snapshot()
         rows, wall = await run_pass(engines, spec, wl, p.label, p.seeds, f"{spec['tag']}-{wl.key}")
+        cpu = proc_cpu.delta(cpu_before, proc_cpu.snapshot())
         await asyncio.sleep(PASS_SETTLE_S)  # the last steps' stats and the feed's events arrive
         per = [encoder_items(hook_dir, n) - b for n, b in zip(names, before, strict=True)]
         ctr = counter_delta(ctr_before, sum_counters(totals))
         pulls = fetches[fetched_before:]
         figures = pass_figures(rows, wall, len(p.seeds), per, ctr, pulls, per_request=p.measured)
-        passes.append({"label": p.label, "measured": p.measured, **figures})
+        passes.append({"label": p.label, "measured": p.measured, **figures, "cpu": cpu})
         say(
             f"{spec['arm']} {wl.key} {p.label}: {len(rows)} req in {wall:.2f} s, encoder items {per}, "
             f"fleet pulls {figures.get('fleet_pulls', '-')} (p50 {figures.get('pull_p50_ms', '-')} ms), "
-            f"TTFT p50 {figures['ttft_p50_ms'] or 0:.0f} ms"
+            f"TTFT p50 {figures['ttft_p50_ms'] or 0:.0f} ms{cpu_note(cpu)}"
         )
         if p.measured:
             add_pass(total, rows, wall, len(p.seeds), per, ctr, pulls)
