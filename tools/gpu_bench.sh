@@ -19,6 +19,8 @@
 #   compiled-pressure pressure in compiled mode; 1 round
 #   compiled-epd      E->PD in compiled mode; 1 round
 #   small-images      unique, repeat, limit at 448x336; 3 rounds, 64 a pass
+#   small-profile     unique at 448x336, its second pass under the torch profiler (a diagnostic:
+#                     the summaries are in the JSON's pass records); 1 round
 #
 # Writes to $OUT (default ./gpu-out): serving-CALL.txt (the bench's output), the run's JSON, and
 # CALL-logs.tgz (the engines' logs, without the model). The device returns few, shallow files, so
@@ -48,6 +50,8 @@ case "$CALL" in
   compiled-epd) ARGS=(--mode compiled --workloads epd --rounds 1 --requests-per-pass 48 --est-req-s 15) ;;
   small-images) ARGS=(--mode eager --images 448x336 --workloads unique,repeat,limit --rounds 3
                       --requests-per-pass 64) ;;
+  small-profile) ARGS=(--mode eager --images 448x336 --workloads unique --rounds 1 --requests-per-pass 64
+                       --profile-pass pass2) ;;
   *) echo "gpu_bench.sh: unknown call $CALL (see the header)" >&2; exit 2 ;;
 esac
 ARGS=(--shape 7b "${ARGS[@]}" --budget-s "$BUDGET" --out "/tmp/bench-$CALL"
@@ -67,6 +71,7 @@ export VLLM_USE_FLASHINFER_SAMPLER=0 HF_HUB_OFFLINE=1 VLLM_NO_USAGE_STATS=1
 timeout $((BUDGET + 45)) python3 bench/serving.py run "${ARGS[@]}" > "$OUT/serving-$CALL.txt" 2>&1
 rc=$?
 cp /tmp/bench-"$CALL"/serving-*.json "$OUT/" 2>/dev/null
-tar -czf "$OUT/$CALL-logs.tgz" -C "/tmp/bench-$CALL" --exclude='*.safetensors' --exclude=model . 2>/dev/null
+tar -czf "$OUT/$CALL-logs.tgz" -C "/tmp/bench-$CALL" --exclude='*.safetensors' --exclude=model \
+  --exclude='*.pt.trace.json*' . 2>/dev/null
 tail -40 "$OUT/serving-$CALL.txt"
 exit $rc

@@ -111,7 +111,9 @@ def prepare_model(args: argparse.Namespace, out: Path) -> Path:
     return write_tiny_qwen2_vl(out / f"model-{args.shape}", random_weights=False, shape=args.shape)
 
 
-def engine_args(args: argparse.Namespace, model: Path, max_pixels: int) -> dict[str, Any]:
+def engine_args(
+    args: argparse.Namespace, model: Path, max_pixels: int, profile_dir: Path | None = None
+) -> dict[str, Any]:
     kw: dict[str, Any] = {
         "model": str(model),
         "load_format": "dummy",
@@ -130,6 +132,13 @@ def engine_args(args: argparse.Namespace, model: Path, max_pixels: int) -> dict[
     }
     if args.gpu_memory_utilization:
         kw["gpu_memory_utilization"] = args.gpu_memory_utilization
+    if getattr(args, "profile_pass", "") and profile_dir is not None:
+        # no Python stacks: they multiply the profiler's cost on the step thread
+        kw["profiler_config"] = {
+            "profiler": "torch",
+            "torch_profiler_dir": str(profile_dir.resolve()),
+            "torch_profiler_with_stack": False,
+        }
     return kw
 
 
@@ -343,10 +352,11 @@ def run_rounds(
                 else connector_config(
                     arm, args.region_mib * MiB, f"bench-{run_id}-{tag}", ours_extra=args.ours_extra
                 ),
-                "engine": engine_args(args, model, max_pixels),
+                "engine": engine_args(args, model, max_pixels, work / f"profile-{tag}"),
                 "workloads": mine,
                 "arrival": {"rate": args.rate} if args.rate else {"concurrency": args.concurrency},
                 "max_tokens": args.max_tokens,
+                "profile_pass": args.profile_pass,
             }
             if mode == "epd":
                 spec = epd_spec(args, spec, run_id, tag)
@@ -465,6 +475,12 @@ def add_commands(p: argparse.ArgumentParser) -> None:
         help="fleet arm: extra connector keys, JSON (default none; tiny shape: fleet_encode_us_per_row 1e5)",
     )
     r.add_argument("--seed", type=int, default=0, help="workload seed")
+    r.add_argument(
+        "--profile-pass",
+        default="",
+        help="profile this pass of every workload (e.g. pass2) with the torch profiler and keep a "
+        "summary of its trace in the pass's record (a diagnostic run: the profiled pass is slower)",
+    )
     r.add_argument("--child-timeout-s", type=float, default=0.0, help="per engine (0: 2x its need + 120)")
     r.add_argument("--est-start-s", type=float, default=0.0, help="engine start for the estimate")
     r.add_argument("--est-req-s", type=float, default=25.0, help="req/s for the estimate (25)")

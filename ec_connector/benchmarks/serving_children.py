@@ -24,6 +24,7 @@ from ec_connector.benchmarks import serving_hook
 from ec_connector.benchmarks.serving_hook import HOOK_DIR_ENV
 
 PACKAGE_PARENT = Path(__file__).resolve().parents[2]
+PROFILE_RANGES_ENV = "VLLM_EC_PROFILE_RANGES"  # read by adapters/profile_ranges.py in the engine
 
 
 def child_env(hook_dir: Path) -> dict[str, str]:
@@ -144,10 +145,11 @@ def run_child(spec: dict[str, Any], work: Path, log: Path, timeout_s: float) -> 
     cmd = [sys.executable, "-m", f"{__package__}.{child}", str(spec_path)]
     engine_ids = _engine_ids(spec)
     started = time.monotonic()
+    env = child_env(hook_dir)
+    if spec.get("profile_pass"):
+        env.setdefault(PROFILE_RANGES_ENV, "1")  # the connector's hooks named in the trace
     with log.open("w") as logf:
-        proc = subprocess.Popen(
-            cmd, env=child_env(hook_dir), stdout=logf, stderr=subprocess.STDOUT, start_new_session=True
-        )
+        proc = subprocess.Popen(cmd, env=env, stdout=logf, stderr=subprocess.STDOUT, start_new_session=True)
     status = ""
     try:
         status = _wait(proc, log, started, timeout_s)

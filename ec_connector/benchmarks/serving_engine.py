@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from ec_connector.application.stats import TierStats
-from ec_connector.benchmarks import proc_cpu
+from ec_connector.benchmarks import proc_cpu, trace_summary
 from ec_connector.benchmarks.common import percentile
 from ec_connector.benchmarks.serving_hook import (
     COUNT_PREFIX,
@@ -164,14 +164,13 @@ def start(kwargs: dict[str, Any], name: str, env: dict[str, str], **engine_optio
     """An AsyncLLM named `name` for the encoder count (EC_BENCH_ENGINE) whose EngineCore inherits
     `env` (set around its start: the process is made then); `engine_options` go to
     `AsyncLLM.from_engine_args` (e.g. `stat_loggers`)."""
-    from vllm.engine.arg_utils import AsyncEngineArgs
     from vllm.v1.engine.async_llm import AsyncLLM
 
     env = {**env, ENGINE_ENV: name}
     saved = {k: os.environ.get(k) for k in env}
     os.environ.update(env)
     try:
-        return AsyncLLM.from_engine_args(AsyncEngineArgs(**kwargs), **engine_options)
+        return AsyncLLM.from_engine_args(vllm_args(kwargs), **engine_options)
     finally:
         for k, v in saved.items():
             if v is None:
@@ -321,7 +320,8 @@ async def serve(engine: Any, spec: dict, out: Results, hook_dir: str) -> None:
                 before, stub_before = encoder_counts(hook_dir)
                 hooks_before = await settled_hook_totals(hook_dir)
                 cpu_before = proc_cpu.snapshot()
-                rows, wall = await run_pass([engine], spec, wl, p.label, p.seeds, f"{spec['tag']}-{wl.key}")
+                serving = run_pass([engine], spec, wl, p.label, p.seeds, f"{spec['tag']}-{wl.key}")
+                (rows, wall), profile = await profiled(engine, spec, p.label, serving)
                 cpu = proc_cpu.delta(cpu_before, proc_cpu.snapshot())
                 after, stub_after = encoder_counts(hook_dir)
                 hooks = hook_delta(hooks_before, await settled_hook_totals(hook_dir))
@@ -330,6 +330,8 @@ async def serve(engine: Any, spec: dict, out: Results, hook_dir: str) -> None:
                 figures["stubbed_items"] = stub_after - stub_before
                 figures["hook_ms"] = round(sum(ms for _, ms in hooks.values()), 3)
                 record = {"label": p.label, "measured": p.measured, **figures, "hooks": hooks, "cpu": cpu}
+                if profile:
+                    record["profile"] = profile
                 passes.append(record)
                 say(
                     f"{spec['arm']} {wl.key} {p.label}: {len(rows)} req in {wall:.2f} s, "
@@ -394,6 +396,39 @@ def engine_kwargs(spec: dict) -> dict:
     return kw
 
 
+def vllm_args(kwargs: dict[str, Any]) -> Any:
+    """vLLM's AsyncEngineArgs of a spec's engine arguments (a profiler config given as a dict)."""
+    from vllm.config import ProfilerConfig
+    from vllm.engine.arg_utils import AsyncEngineArgs
+
+    if isinstance(kwargs.get("profiler_config"), dict):
+        kwargs = {**kwargs, "profiler_config": ProfilerConfig(**kwargs["profiler_config"])}
+    return AsyncEngineArgs(**kwargs)
+
+
+async def profiled(engine: Any, spec: dict, label: str, serving: Awaitable[Any]) -> tuple[Any, list]:
+    """`serving` awaited, under the torch profiler when `label` is the run's --profile-pass, and the
+    summaries of the traces it wrote (trace_summary.py); other passes run as they are, with none."""
+    if not label or spec.get("profile_pass") != label:
+        return await serving, []
+    folder = Path(spec["engine"]["profiler_config"]["torch_profiler_dir"])
+    since = time.time()
+    await engine.start_profile()
+    try:
+        got = await serving
+    finally:
+        await engine.stop_profile()
+    summaries = await asyncio.to_thread(trace_summary.summarize_dir, folder, since)
+    for s in summaries:
+        if s["step_thread"] is not None:
+            say(
+                f"{spec['arm']} {label} profile {s['file']}: step thread {s['span_ms']:.0f} ms, "
+                f"{s['covered_share']:.0%} covered; GPU kernels {s['gpu'].get('kernel_share', 0):.0%}; "
+                f"top ops {s['ops'][:3]}"
+            )
+    return got, summaries
+
+
 def child_setup() -> tuple[dict, Results, str]:
     """A child's spec, its results file and the hook folder the serving bench set up for it."""
     spec = json.loads(Path(sys.argv[1]).read_text())
@@ -408,9 +443,8 @@ def skipped_upstream(spec: dict, out: Results, engine_kwargs: dict) -> bool:
     cannot run in an engine built from `engine_kwargs`."""
     if spec["arm"] != "upstream":
         return False
-    from vllm.engine.arg_utils import AsyncEngineArgs
 
-    reason = upstream_refusal(AsyncEngineArgs(**engine_kwargs))
+    reason = upstream_refusal(vllm_args(engine_kwargs))
     if reason:
         out.write("skipped", reason=reason)
         say(f"upstream skipped: {reason}")
@@ -492,9 +526,8 @@ def main() -> int:
     spec, out, hook_dir = child_setup()
     if skipped_upstream(spec, out, engine_kwargs(spec)):
         return EXIT_SKIPPED
-    from vllm.engine.arg_utils import AsyncEngineArgs
 
-    asyncio.run(run_engine(spec, out, hook_dir, AsyncEngineArgs(**engine_kwargs(spec))))
+    asyncio.run(run_engine(spec, out, hook_dir, vllm_args(engine_kwargs(spec))))
     out.write("done")
     return 0
 

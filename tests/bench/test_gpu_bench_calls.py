@@ -26,6 +26,7 @@ CALLS = (
     "compiled-pressure",
     "compiled-epd",
     "small-images",
+    "small-profile",
 )
 
 

