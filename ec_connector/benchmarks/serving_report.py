@@ -178,6 +178,33 @@ def counter_lines(runs: list[dict[str, Any]]) -> dict[tuple[str, str], list[str]
     }
 
 
+def cpu_lines(runs: list[dict[str, Any]]) -> dict[tuple[str, str], list[str]]:
+    """{(mode, workload key): ["arm: step thread CPU x of the wall time, n blocks a pass, ..."]} over
+    the measured passes that recorded their CPU split (proc_cpu.py): the busiest main thread's CPU
+    seconds against the pass's wall time (median over passes), its voluntary switches a pass and
+    its process's other threads' CPU a pass."""
+    found: dict[tuple[str, str], dict[str, list[tuple[float, int, float]]]] = defaultdict(
+        lambda: defaultdict(list)
+    )
+    for key, arm, p in measured_passes(runs):
+        top = max(p.get("cpu") or [], key=lambda c: c["main_cpu_s"], default=None)
+        if top is not None and p.get("wall_s"):
+            found[key][arm].append(
+                (top["main_cpu_s"] / p["wall_s"], top["main_voluntary"], top["others_cpu_s"])
+            )
+    return {
+        key: [
+            f"{arm}: step thread CPU {median(v[0] for v in vals):.2f}x the wall time, "
+            f"{median(v[1] for v in vals):.0f} blocks, "
+            f"other threads {median(v[2] for v in vals):.2f} s a pass"
+            for arm, vals in sorted(
+                arms.items(), key=lambda kv: ARM_ORDER.index(kv[0]) if kv[0] in ARM_ORDER else 99
+            )
+        ]
+        for key, arms in found.items()
+    }
+
+
 def pass_points(runs: list[dict[str, Any]]) -> dict[tuple[str, str], dict[str, list[tuple[int, float]]]]:
     """{(mode, workload key): {arm: [(encoder items, wall s) of each measured pass]}}."""
     out: dict[tuple[str, str], dict[str, list[tuple[int, float]]]] = defaultdict(lambda: defaultdict(list))
@@ -251,6 +278,7 @@ def print_report(runs: list[dict[str, Any]]) -> None:
     notes = workload_notes(runs)
     points = pass_points(runs)
     counters = counter_lines(runs)
+    cpu = cpu_lines(runs)
     for (mode, key), arms in sorted(table.items()):
         rounds = max((len(c) for a in arms.values() for c in a.values()), default=0)
         print(f"\n== {key}, {mode} ({rounds} round(s); median of rounds, ratio median (min-max)) ==")
@@ -289,6 +317,8 @@ def print_report(runs: list[dict[str, Any]]) -> None:
                 print("  tier counters over the measured passes: " + "; ".join(counters[(mode, key)]))
         if per_replica.get((mode, key)):
             print("  encoder items per replica: " + "; ".join(per_replica[(mode, key)]))
+        if cpu.get((mode, key)):
+            print("  CPU a measured pass (median): " + "; ".join(cpu[(mode, key)]))
     for arm, why in skipped_arms(runs).items():
         print(f"\n{arm}: {why}")
 

@@ -144,6 +144,34 @@ def test_report_pairs_rounds_and_gives_the_spread(capsys: pytest.CaptureFixture[
     assert "ours / limit: wall_s 1.09x (1.08-1.10)" in out
 
 
+def test_report_gives_each_arms_step_thread_cpu_against_the_wall_time() -> None:
+    def proc(main_s: float, blocks: int, others_s: float) -> dict:
+        return {"pid": 1, "comm": "x", "threads": 3, "main_cpu_s": main_s, "others_cpu_s": others_s,
+                "main_voluntary": blocks, "main_involuntary": 0}  # fmt: skip
+
+    def engine(arm: str, passes: list[tuple[float, list[dict]]]) -> dict:
+        recs = [{"label": "warmup", "measured": False, "wall_s": 9.0, "cpu": [proc(9.0, 9, 9.0)]}]
+        recs += [
+            {"label": f"pass{i}", "measured": True, "wall_s": w, "cpu": c} for i, (w, c) in enumerate(passes)
+        ]
+        return {"arm": arm, "workloads": [{"key": "unique@448x336", "passes": recs}]}
+
+    run = {
+        "mode": "eager",
+        "engines": [
+            # the busiest main thread is the step thread; the bench's own process spends less
+            engine("none", [(1.0, [proc(0.1, 5, 0.0), proc(0.95, 400, 0.08)]), (2.0, [proc(1.9, 420, 0.1)])]),
+            engine("ours", [(1.0, [proc(0.9, 520, 0.1)])]),
+            {"arm": "upstream", "status": "failed"},  # no workloads: left out
+        ],
+    }
+    lines = serving_report.cpu_lines([run])[("eager", "unique@448x336")]
+    assert lines == [
+        "none: step thread CPU 0.95x the wall time, 410 blocks, other threads 0.09 s a pass",
+        "ours: step thread CPU 0.90x the wall time, 520 blocks, other threads 0.10 s a pass",
+    ]
+
+
 @pytest.mark.vllm
 @pytest.mark.slow
 @pytest.mark.timeout(1500)
