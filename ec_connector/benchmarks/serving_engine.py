@@ -255,7 +255,8 @@ async def run_pass(
     engines: list[Any], spec: dict, wl: Workload, label: str, seeds: tuple[int, ...], tag: str
 ):
     """Serve one pass, request i on engines[i % len(engines)] (round robin); returns per-request
-    (ttft_s, latency_s, tokens) and the pass's wall time."""
+    (ttft_s, latency_s, tokens), the pass's wall time and what this process tree's CPU spent while
+    it was served (proc_cpu.delta; the images are made before both clocks start)."""
     # made before the clock starts, once per distinct image: a long fill repeats its images often
     made = {seed: make_image(seed, wl.size) for seed in dict.fromkeys(seeds)}
     images = [made[s] for s in seeds]
@@ -267,8 +268,10 @@ async def run_pass(
         ttft, latency, tokens, _ = await stream(engine, prompt_for(*images[i]), params, f"{tag}-{label}-{i}")
         results[i] = (ttft, latency, tokens)
 
+    cpu_before = proc_cpu.snapshot()
     wall = await drive(len(seeds), spec["arrival"], one)
-    return [r for r in results if r is not None], wall
+    cpu = proc_cpu.delta(cpu_before, proc_cpu.snapshot())
+    return [r for r in results if r is not None], wall, cpu
 
 
 def cpu_note(cpu: list[dict]) -> str:
@@ -319,10 +322,8 @@ async def serve(engine: Any, spec: dict, out: Results, hook_dir: str) -> None:
             for p in wl.passes:
                 before, stub_before = encoder_counts(hook_dir)
                 hooks_before = await settled_hook_totals(hook_dir)
-                cpu_before = proc_cpu.snapshot()
                 serving = run_pass([engine], spec, wl, p.label, p.seeds, f"{spec['tag']}-{wl.key}")
-                (rows, wall), profile = await profiled(engine, spec, p.label, serving)
-                cpu = proc_cpu.delta(cpu_before, proc_cpu.snapshot())
+                (rows, wall, cpu), profile = await profiled(engine, spec, p.label, serving)
                 after, stub_after = encoder_counts(hook_dir)
                 hooks = hook_delta(hooks_before, await settled_hook_totals(hook_dir))
                 encoded = after - before

@@ -30,7 +30,6 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from ec_connector.benchmarks import proc_cpu
 from ec_connector.benchmarks.ports import free_port
 from ec_connector.benchmarks.serving_engine import (
     MiB,
@@ -243,9 +242,7 @@ async def serve_workload(
         before = [encoder_items(hook_dir, n) for n in names]
         ctr_before = sum_counters(totals)
         fetched_before = len(fetches)
-        cpu_before = proc_cpu.snapshot()
-        rows, wall = await run_pass(engines, spec, wl, p.label, p.seeds, f"{spec['tag']}-{wl.key}")
-        cpu = proc_cpu.delta(cpu_before, proc_cpu.snapshot())
+        rows, wall, cpu = await run_pass(engines, spec, wl, p.label, p.seeds, f"{spec['tag']}-{wl.key}")
         await asyncio.sleep(PASS_SETTLE_S)  # the last steps' stats and the feed's events arrive
         per = [encoder_items(hook_dir, n) - b for n, b in zip(names, before, strict=True)]
         ctr = counter_delta(ctr_before, sum_counters(totals))
