@@ -19,8 +19,9 @@ a ghost of counts, halved every 10x / 1x the tracked keys' accesses; domain/evic
 `wtinylfu` (bench/eviction_wtinylfu.py: W-TinyLFU with Caffeine's hill-climbing window) and
 `arc` (bench/eviction_arc.py: ARC counted in blocks), `hyperbolic[:...]` and `lecar-tuned[:...]`
 (bench/eviction_hyperbolic.py: hyperbolic caching over a random sample; `lecar` with other
-settings), `decayed[:...]` and `decayed-adaptive[:...]` (bench/eviction_decayed.py: exponentially
-decayed counts, with one half-life or following shadow regions of several);
+settings), `decayed[:...]`, `decayed-adaptive[:...]` and `decayed-climb[:...]`
+(bench/eviction_decayed.py: exponentially decayed counts, with one half-life, following shadow
+regions of several, or climbing among several by the hit ratio);
 `s3fifo:small=S,ghost=G,reads=R` replays S3-FIFO with other queue shares and read cap (any subset
 of the three).
 Offline references:

@@ -22,6 +22,10 @@ to 5 points above FIFO where popularity is re-ranked; a short one is near LRU), 
 `HALF_LIVES` on the same requests and follows the shadow whose hits over the followed one's are
 clearly more than chance (a sequential test: the decayed sum of the requests where the two
 differ, won minus lost, above `z` times the square root of their count).
+
+`ClimbingDecayedPolicy` (`decayed-climb`) chooses without shadows, stepping along the half-lives by
+its own hit ratio from one sample to the next (docs/eviction.md: dropped, it misleads itself where
+popularity drifts).
 """
 
 from __future__ import annotations
@@ -144,6 +148,26 @@ class DecayedPolicy:
         if self._size_aware:
             key -= math.log2(node.entry.rows)
         node.key = key
+
+    def _rekey(self, lam: float) -> None:
+        """Follow `lam` from now: every score decays to now under the old one, then keys are made
+        under the new one (their order is the new half-life's from here on)."""
+        now, old = self._time, self._lam
+        self._lam = lam
+        heap: list[tuple[float, int, _Decayed]] = []
+        for node in self._nodes.values():
+            node.score *= 2.0 ** (-old * (now - node.when))
+            node.when = now
+            node.key = math.log2(node.score) + lam * now
+            if self._size_aware:
+                node.key -= math.log2(node.entry.rows)
+            if node.seq > 0:
+                self._seq += 1
+                node.seq = self._seq
+                heap.append((node.key, self._seq, node))
+        heapq.heapify(heap)
+        self._heap = heap
+        self._ghost.remap(lambda record: (record[0] * 2.0 ** (-old * (now - record[1])), now))
 
     def _push(self, node: _Decayed) -> None:
         self._seq += 1
@@ -336,25 +360,76 @@ class AdaptiveDecayedPolicy(DecayedPolicy):
             self._disagree = [0.0] * len(disagree)
             self._rekey(self._lams[best])
 
-    def _rekey(self, lam: float) -> None:
-        """Follow `lam` from now: every score decays to now under the old one, then keys are made
-        under the new one (their order is the new half-life's from here on)."""
-        now, old = self._time, self._lam
-        self._lam = lam
-        heap: list[tuple[float, int, _Decayed]] = []
-        for node in self._nodes.values():
-            node.score *= 2.0 ** (-old * (now - node.when))
-            node.when = now
-            node.key = math.log2(node.score) + lam * now
-            if self._size_aware:
-                node.key -= math.log2(node.entry.rows)
-            if node.seq > 0:
-                self._seq += 1
-                node.seq = self._seq
-                heap.append((node.key, self._seq, node))
-        heapq.heapify(heap)
-        self._heap = heap
-        self._ghost.remap(lambda record: (record[0] * 2.0 ** (-old * (now - record[1])), now))
+CLIMB_SAMPLE = 4.0  # a climber's sample: this many x the entries held requests
+
+
+class ClimbingDecayedPolicy(DecayedPolicy):
+    """`DecayedPolicy` whose half-life climbs the grid `half_lives` by its own hit ratio, without
+    shadows: every `sample x entries held` requests (reads are hits, reservations misses) it takes
+    one step along the grid, the same way as the last one when the sample's hit ratio is not below
+    the previous sample's by more than `tolerance`, the other way when it is (turning at the grid's
+    ends). It starts at `half_lives[start]` (the longest by default) going shorter. A step re-keys
+    the heap (O(entries), once per sample: O(1) amortised); a request costs the heap's
+    O(log entries) and two counters."""
+
+    name = "decayed-climb"
+
+    def __init__(
+        self,
+        num_blocks: int,
+        evictable: Mapping[str, Entry],
+        *,
+        half_lives: tuple[float, ...] = HALF_LIVES,
+        sample: float = CLIMB_SAMPLE,
+        tolerance: float = 0.0,
+        start: int | None = None,
+        ghost_share: float = GHOST_SHARE,
+        size_aware: bool = False,
+    ) -> None:
+        first = len(half_lives) - 1 if start is None else start
+        super().__init__(
+            num_blocks, evictable, half_life=half_lives[first], ghost_share=ghost_share, size_aware=size_aware
+        )
+        self._grid = [1.0 / (h * max(1, num_blocks)) for h in half_lives]
+        self._half_lives = half_lives
+        self._at = first
+        self._way = -1
+        self._sample = sample
+        self._tolerance = tolerance
+        self._hits = 0
+        self._requests = 0
+        self._last: float | None = None
+
+    @property
+    def half_life(self) -> float:
+        """The half-life followed now, in the region's blocks accessed."""
+        return self._half_lives[self._at]
+
+    def reserved(self, entry: Entry) -> None:
+        super().reserved(entry)
+        self._tally(False)
+
+    def read(self, entry: Entry) -> None:
+        super().read(entry)
+        self._tally(True)
+
+    def _tally(self, hit: bool) -> None:
+        self._requests += 1
+        self._hits += hit
+        if self._requests < self._sample * max(1, len(self._nodes)):
+            return
+        ratio = self._hits / self._requests
+        self._hits = self._requests = 0
+        if self._last is not None and ratio < self._last - self._tolerance:
+            self._way = -self._way
+        self._last = ratio
+        step = self._at + self._way
+        if not 0 <= step < len(self._grid):
+            self._way = -self._way
+            step = self._at + self._way
+        if 0 <= step < len(self._grid):
+            self._at = step
+            self._rekey(self._grid[step])
 
 
 _DECAYED_KEYS: Settings = {
@@ -374,11 +449,24 @@ _ADAPTIVE_KEYS: Settings = {
 }
 
 
+_CLIMB_KEYS: Settings = {
+    "ghost": ("ghost_share", float),
+    "size": ("size_aware", flag),
+    "sample": ("sample", float),
+    "tolerance": ("tolerance", float),
+    "start": ("start", int),
+    "halves": ("half_lives", lambda v: tuple(float(h) for h in v.split("/"))),
+}
+
+
 def make_decayed(name: str, num_blocks: int, evictable: Mapping[str, Entry]) -> DecayedPolicy:
-    """`decayed[:half=H,ghost=G,size=0|1]` (`decayed-size`: size-aware) or
+    """`decayed[:half=H,ghost=G,size=0|1]` (`decayed-size`: size-aware),
+    `decayed-climb[:sample=S,tolerance=T,start=I,halves=H1/H2/...,ghost=G,size=0|1]` or
     `decayed-adaptive[:window=W,z=Z,margin=M,shard=R,ghost=G,size=0|1,start=I,halves=H1/H2/...]`
     as a policy."""
     base = name.partition(":")[0]
+    if base == "decayed-climb":
+        return ClimbingDecayedPolicy(num_blocks, evictable, **policy_settings(name, _CLIMB_KEYS))
     if base == "decayed-adaptive":
         return AdaptiveDecayedPolicy(num_blocks, evictable, **policy_settings(name, _ADAPTIVE_KEYS))
     kw = {"size_aware": base == "decayed-size", **policy_settings(name, _DECAYED_KEYS)}

@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from bench.eviction import _ours
-from bench.eviction_decayed import AdaptiveDecayedPolicy, DecayedPolicy
+from bench.eviction_decayed import AdaptiveDecayedPolicy, ClimbingDecayedPolicy, DecayedPolicy
 from bench.eviction_hyperbolic import HyperbolicPolicy, is_candidate, make_candidate
 from ec_connector.domain.cache import EntryTable
 from ec_connector.domain.eviction import EvictionPolicy
@@ -262,6 +262,44 @@ def test_adaptive_decayed_follows_recency_when_the_hot_keys_change():
 def test_adaptive_decayed_follows_frequency_when_one_offs_come_between_hot_keys():
     trace = [k for n in range(60) for k in ("a", f"x{n}", "b", f"y{n}", "c", f"z{n}")]
     assert _adaptive_after(trace, start=0) == 64.0
+
+
+def _climber(capacity: int = 4, **kw: object) -> tuple[EntryTable, ClimbingDecayedPolicy]:
+    table = EntryTable(capacity)
+    policy = ClimbingDecayedPolicy(capacity, table._evictable, **kw)  # type: ignore[arg-type]
+    table._policy = policy
+    return table, policy
+
+
+def test_a_climber_with_one_half_life_is_decayed():
+    keys = [(n * n + 3 * n) % 23 for n in range(400)]
+    trace = [(f"k{k}", 1 + k % 2) for k in keys]
+    fixed = EntryTable(16)
+    fixed._policy = DecayedPolicy(16, fixed._evictable, half_life=2.0)
+    climbing, _ = _climber(16, half_lives=(2.0,), sample=0.5)
+    assert _replay(fixed, trace) == _replay(climbing, trace)
+
+
+def test_a_climber_steps_once_a_sample_and_turns_when_its_hit_ratio_drops():
+    _, policy = _climber(4, half_lives=(0.25, 1.0, 4.0, 16.0), sample=2.0)  # no entries: 2 a sample
+    path = []
+    for hits in ([True, True], [True, False], [False, True], [False, False], [True, True]):
+        for hit in hits:
+            policy._tally(hit)
+        path.append(policy.half_life)
+    # 1.0 first: one step shorter; 0.5 below it: back; 0.5 again: on, and turned at the grid's end;
+    # 0.0 below: back; 1.0: on, turned at the end again
+    assert path == [4.0, 16.0, 4.0, 16.0, 4.0]
+
+
+def test_a_climber_re_keys_to_its_new_half_life():
+    table, policy = _climber(8, half_lives=(0.25, 64.0), sample=0.5)
+    for n in range(40):
+        _replay(table, [(f"k{n % 6}", 1)])
+    lam = 1.0 / (policy.half_life * 8)
+    assert policy._lam == lam
+    for node in policy._nodes.values():
+        assert math.isclose(node.key, math.log2(node.score) + lam * node.when)
 
 
 # --- lecar-tuned ---------------------------------------------------------------------------------

@@ -93,6 +93,8 @@ TUNED = [  # bench/eviction_hyperbolic.py and bench/eviction_decayed.py, with se
     "decayed-adaptive:window=0.5,halves=0.2/5",
     "decayed-adaptive:z=1,size=1,window=0.5,halves=0.2/5",
     "decayed-adaptive:z=0,shard=0.5,window=0.5,halves=0.2/5",
+    "decayed-climb:sample=0.5,halves=0.2/1/5",
+    "decayed-climb:sample=0.25,tolerance=0.1,size=1,start=0,halves=0.2/5",
     "lecar-tuned:discount=0.5,rate=0.9",
 ]
 CANDIDATES += TUNED
