@@ -7,7 +7,7 @@ Loggers are not cached on first use, so they survive pickling and new processes.
 
 Lines are written off the caller's thread (`write_lines_off_thread`): our logger keeps one
 `QueueHandler`, and one daemon thread hands the queued records to the real handlers (vLLM's, or
-stderr for our CLI) every 20 ms. A write to a pipe whose reader lags (a container's log collector,
+stderr for our CLI) within 20 ms of the first, sleeping while none come. A write to a pipe whose reader lags (a container's log collector,
 a busy terminal) then never holds the engine's step thread, which logs one line per peer transfer;
 enqueueing takes microseconds. Pending lines are written at exit; a forked child gets its own
 writer thread.
@@ -224,9 +224,9 @@ class _LineWriter:
 
     While nothing is queued it sleeps in the queue without waking: a thread woken on a timer would
     take the GIL from the engine's step thread 50 times a second for nothing, and keep an idle
-    engine's process waking. A record wakes it; it then waits WRITE_INTERVAL_S before writing, so the lines
-    logged meanwhile go out together and the woken writer gives the caller's core straight back
-    (on a 2-core host it would often run before the caller).
+    engine's process waking. A record wakes it; it then waits WRITE_INTERVAL_S before writing, so
+    the lines logged meanwhile go out together and the woken writer gives the caller's core
+    straight back (on a 2-core host it would often run before the caller).
     """
 
     def __init__(self, handlers: tuple[logging.Handler, ...]) -> None:

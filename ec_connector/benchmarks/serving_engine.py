@@ -276,7 +276,7 @@ async def run_pass(
 
 def cpu_note(cpu: list[dict]) -> str:
     """The busiest main thread's CPU in a pass (the engine's step thread): its own, its process's
-    other threads', and how often it blocked (docs/serving-bench.md, "Where a pass's CPU goes")."""
+    other threads', and how often it blocked (proc_cpu.py; docs/serving-bench.md)."""
     top = proc_cpu.busiest(cpu)
     if top is None:
         return ""
@@ -444,7 +444,6 @@ def skipped_upstream(spec: dict, out: Results, engine_kwargs: dict) -> bool:
     cannot run in an engine built from `engine_kwargs`."""
     if spec["arm"] != "upstream":
         return False
-
     reason = upstream_refusal(vllm_args(engine_kwargs))
     if reason:
         out.write("skipped", reason=reason)
@@ -527,7 +526,6 @@ def main() -> int:
     spec, out, hook_dir = child_setup()
     if skipped_upstream(spec, out, engine_kwargs(spec)):
         return EXIT_SKIPPED
-
     asyncio.run(run_engine(spec, out, hook_dir, vllm_args(engine_kwargs(spec))))
     out.write("done")
     return 0
