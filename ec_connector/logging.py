@@ -7,10 +7,10 @@ Loggers are not cached on first use, so they survive pickling and new processes.
 
 Lines are written off the caller's thread (`write_lines_off_thread`): our logger keeps one
 `QueueHandler`, and one daemon thread hands the queued records to the real handlers (vLLM's, or
-stderr for our CLI) within 20 ms of the first, sleeping while none come. A write to a pipe whose reader lags (a container's log collector,
-a busy terminal) then never holds the engine's step thread, which logs one line per peer transfer;
-enqueueing takes microseconds. Pending lines are written at exit; a forked child gets its own
-writer thread.
+stderr for our CLI) within 20 ms of the first, sleeping while none come. A write to a pipe whose
+reader lags (a container's log collector, a busy terminal) then never holds the engine's step
+thread, which logs one line per peer transfer; enqueueing takes microseconds. Pending lines are
+written at exit; a forked child gets its own writer thread.
 
 Inside vLLM the connector reads its options from the environment (`options_from_env`):
 `VLLM_EC_LOG_JSON` ("true", "1", "yes" in any case render JSON; anything else logfmt) and
