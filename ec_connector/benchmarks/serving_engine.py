@@ -424,7 +424,8 @@ async def profiled(engine: Any, spec: dict, label: str, serving: Awaitable[Any])
         if s["step_thread"] is not None:
             say(
                 f"{spec['arm']} {label} profile {s['file']}: step thread {s['span_ms']:.0f} ms, "
-                f"{s['covered_share']:.0%} covered; GPU kernels {s['gpu'].get('kernel_share', 0):.0%}; "
+                f"{s['covered_share']:.0%} covered, gaps over 0.1 ms {s['gaps']['over_min_ms']:.0f} ms; "
+                f"GPU kernels {s['gpu'].get('kernel_share', 0):.0%}; "
                 f"top ops {s['ops'][:3]}"
             )
     return got, summaries

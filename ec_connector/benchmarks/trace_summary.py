@@ -4,6 +4,8 @@
 - the step thread: the thread whose top-level events cover the most time (vLLM's EngineCore step
   thread, or its worker's), its span (first event to last), and how much of the span its
   top-level events cover (the rest: it waited, or ran code the profiler does not record);
+- the gaps between its top-level events over 0.1 ms (count, total, the largest with the events on
+  either side): where it waited, or ran Python the profiler does not record without stacks;
 - its operators by self time (time in an event less its children's), the top `top`;
 - CUDA runtime and driver calls on it by total time (a `cudaStreamSynchronize`, a blocking
   `cudaMemcpyAsync` or `cudaEventSynchronize` there is the step thread waiting for the GPU);
@@ -27,6 +29,8 @@ from typing import Any
 HOST_CATEGORIES = frozenset({"cpu_op", "python_function", "user_annotation", "cuda_runtime", "cuda_driver"})
 CUDA_CALLS = frozenset({"cuda_runtime", "cuda_driver"})
 TOP = 25
+GAP_MIN_US = 100.0  # a step thread's gap between top-level events counted from this long
+GAPS_SHOWN = 5
 RANGE_PREFIX = "ec_tier."  # adapters/profile_ranges.py names the connector's hooks so
 
 
@@ -39,12 +43,13 @@ def load(path: Path) -> list[dict[str, Any]]:
     return [e for e in events if isinstance(e, dict) and e.get("ph") == "X" and "dur" in e and "ts" in e]
 
 
-def _self_times(events: list[dict[str, Any]]) -> tuple[dict[str, float], float]:
-    """Self time by name of one thread's events (µs), and the time its top-level events cover."""
+def _self_times(events: list[dict[str, Any]]) -> tuple[dict[str, float], list[tuple[float, float, str]]]:
+    """Self time by name of one thread's events (µs), and its top-level events as (start, end,
+    name) in order."""
     ordered = sorted(events, key=lambda e: (float(e["ts"]), -float(e["dur"])))
     self_us: dict[str, float] = defaultdict(float)
     stack: list[tuple[float, dict[str, Any]]] = []  # (end, event)
-    covered = 0.0
+    tops: list[tuple[float, float, str]] = []
     for e in ordered:
         ts, dur = float(e["ts"]), float(e["dur"])
         while stack and stack[-1][0] <= ts:
@@ -52,10 +57,24 @@ def _self_times(events: list[dict[str, Any]]) -> tuple[dict[str, float], float]:
         if stack:
             self_us[stack[-1][1]["name"]] -= min(dur, stack[-1][0] - ts)  # a child's time is not its parent's
         else:
-            covered += dur
+            tops.append((ts, ts + dur, str(e["name"])))
         self_us[e["name"]] += dur
         stack.append((ts + dur, e))
-    return dict(self_us), covered
+    return dict(self_us), tops
+
+
+def _gaps(tops: list[tuple[float, float, str]], largest: int = GAPS_SHOWN) -> dict[str, Any]:
+    """The step thread's time between top-level events: waits, and Python the profiler does not
+    record without stacks (the scheduler's, between vLLM's step ranges). Gaps over GAP_MIN_US are
+    counted and summed; the largest are named by the events on either side."""
+    pairs = zip(tops, tops[1:], strict=False)
+    found = [(b[0] - a[1], a[2], b[2]) for a, b in pairs if b[0] - a[1] > GAP_MIN_US]
+    found.sort(key=lambda g: -g[0])
+    return {
+        "over_min": len(found),
+        "over_min_ms": round(sum(g[0] for g in found) * 1e-3, 3),
+        "largest": [[round(us * 1e-3, 3), before, after] for us, before, after in found[:largest]],
+    }
 
 
 def _thread_key(e: dict[str, Any]) -> tuple[str, str]:
@@ -83,11 +102,13 @@ def summarize(events: Iterable[dict[str, Any]], top: int = TOP) -> dict[str, Any
             "ops": [],
             "cuda_calls": [],
             "hook_ranges": {},
+            "gaps": {},
             "gpu": {},
         }
     covers = {key: _self_times(evs) for key, evs in host.items()}
-    step = max(covers, key=lambda key: covers[key][1])
-    self_us, covered = covers[step]
+    step = max(covers, key=lambda key: sum(end - start for start, end, _ in covers[key][1]))
+    self_us, tops = covers[step]
+    covered = sum(end - start for start, end, _ in tops)
     evs = host[step]
     begin = min(float(e["ts"]) for e in evs)
     span = max(float(e["ts"]) + float(e["dur"]) for e in evs) - begin
@@ -107,6 +128,7 @@ def summarize(events: Iterable[dict[str, Any]], top: int = TOP) -> dict[str, Any
         "step_thread": {"pid": step[0], "tid": step[1], "events": len(evs)},
         "span_ms": round(span * ms, 3),
         "covered_share": round(covered / span, 4) if span else 0.0,
+        "gaps": _gaps(tops),
         "ops": [[name, round(us * ms, 3)] for name, us in ops],
         "cuda_calls": [
             [name, int(n), round(us * ms, 3)]
