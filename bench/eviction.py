@@ -26,7 +26,10 @@ regions of several, or climbing among several by the hit ratio);
 of the three).
 Offline references:
 `belady` (farthest next request first, in our table; ec_connector/benchmarks/replay.py) and
-`bound` (a lower bound on every policy's miss ratio; bench/eviction_offline.py). The driver
+`bound` (a lower bound on every policy's miss ratio; bench/eviction_offline.py), and
+`popularity` (the item of least request rate per block in the current popularity regime first,
+from the trace generator's own rankings: what knowing the items' rates, not the order, gives;
+bench/eviction_offline.py). The driver
 (replay.py's `replay_hits`) is compare_cache's step loop without the per-step lookups of live
 items (they change no state): per step, saves become ready (1% fail) and
 loads unpin, then each arriving item is looked up: ready -> a hit (pinned for a step), absent ->
@@ -50,7 +53,7 @@ from bench.cache_traces import ENGINE_SOURCES, SOURCES, Trace, make_trace  # noq
 from bench.eviction_arc import ArcPolicy  # noqa: E402
 from bench.eviction_candidates import ClockPolicy, Settings, TinyLfuS3FifoPolicy, policy_settings  # noqa: E402
 from bench.eviction_hyperbolic import is_candidate, make_candidate  # noqa: E402
-from bench.eviction_offline import miss_ratio_bound  # noqa: E402
+from bench.eviction_offline import PopularityPolicy, miss_ratio_bound, popularity_of  # noqa: E402
 from bench.eviction_wtinylfu import WTinyLfuPolicy  # noqa: E402
 from bench.vllm_baseline import BaselineUnavailable, load  # noqa: E402
 from ec_connector.benchmarks.output import pyplot, write_json  # noqa: E402
@@ -130,6 +133,13 @@ def _ours(policy: str) -> Callable[[int], OursSide]:
     return make
 
 
+def _popularity(num_blocks: int, trace: Trace, clock: RequestClock) -> OursSide:
+    side = OursSide(num_blocks)
+    regimes, weights = popularity_of(trace)
+    side.table._policy = PopularityPolicy(side.table._evictable, regimes, weights, clock)
+    return side
+
+
 def _belady(num_blocks: int, positions: dict[str, list[int]], clock: RequestClock) -> OursSide:
     side = OursSide(num_blocks)
     side.table._policy = BeladyPolicy(side.table._evictable, positions, clock)
@@ -169,11 +179,14 @@ def run(
         }
         for frac in FRACTIONS:
             num_blocks = max(1, int(footprint * frac))
-            trace = Trace(probe.steps, probe.live, num_blocks, name)
+            trace = Trace(probe.steps, probe.live, num_blocks, name, probe.rankings)
             cell = {p: replay_hits(make(num_blocks), trace) for p, make in makers.items()}
             if offline:
                 clock = RequestClock()
                 cell["belady"] = replay_hits(_belady(num_blocks, positions, clock), trace, clock)
+                if trace.rankings:  # the generator's popularity (none for `compare`)
+                    clock = RequestClock()
+                    cell["popularity"] = replay_hits(_popularity(num_blocks, trace, clock), trace, clock)
                 cell["bound"] = miss_ratio_bound(trace, num_blocks)
             rows["by_fraction"][f"{frac:.2f}"] = cell
             say(f"{name} {frac:.2f}: " + " ".join(f"{p}={c['miss_ratio']:.3f}" for p, c in cell.items()))
@@ -242,7 +255,7 @@ def _cell(c: dict) -> str:
     return f"{c['miss_ratio']:>11.3f}/{byte}"
 
 
-OFFLINE_STYLES = {"belady": "--", "bound": ":"}
+OFFLINE_STYLES = {"belady": "--", "popularity": "-.", "bound": ":"}
 
 
 def plot(res: dict, path: str) -> None:

@@ -15,6 +15,18 @@ Two figures per trace and region, both knowing the whole trace in advance:
   those intervals, cheapest per hit first, fits into that budget. If `bound` is above 0.85x
   `fifo`'s miss ratio, the issue's target is infeasible there for every policy.
 
+And one that knows less:
+
+- `popularity`: what a policy that knew each item's request rate, but not the order of requests,
+  could do: the evictable entry of lowest rate per block in the current popularity regime goes
+  first, in our table. Rates come from the trace generator's own Zipf rankings (`Trace.rankings`:
+  one for a stationary trace, one per re-ranking for `drift` and `engine-drift`; an item in no
+  ranking, a scan's one-off, has rate 0), not from the trace's counts, which would tell the
+  future. Under independent requests of known rates this is the best online order (A0; Aho,
+  Denning and Ullman, JACM 1971, for equal sizes); every online policy here (LFU, decayed counts,
+  their adaptive forms) learns those rates from the requests it has seen. If `popularity` misses
+  more than 0.85x `fifo`, no policy that learns rates meets the target there.
+
 Counting follows bench/eviction.py's driver: requests for one item within one step form a group;
 a group is a hit (each of its requests counts as one) or a miss (its first request is a miss, the
 others wait for the save and are not counted). The bound takes the most hit groups and the most
@@ -24,12 +36,122 @@ the run floor, which can only lower it too.
 
 from __future__ import annotations
 
+import heapq
+from collections.abc import Container, Mapping
+
 from bench.cache_traces import Trace
 from ec_connector.benchmarks.replay import BeladyPolicy, RequestClock, request_positions
+from ec_connector.domain.entries import Entry
 
 # The offline policy and the driver's clock live with the replay they serve (the serving bench uses
 # them too); they are re-exported here for the eviction bench and its tests.
-__all__ = ["BeladyPolicy", "RequestClock", "miss_ratio_bound", "request_positions"]
+__all__ = [
+    "BeladyPolicy",
+    "PopularityPolicy",
+    "RequestClock",
+    "miss_ratio_bound",
+    "popularity_of",
+    "request_positions",
+]
+
+_RANK_SCALE = 1 << 40
+
+def popularity_of(trace: Trace) -> tuple[list[int], list[dict[str, float]]]:
+    """Each request's popularity regime (by position, as the driver counts them) and each
+    regime's weight per key (1/(rank+1)^exponent, from `trace.rankings`)."""
+    starts = [first for first, _, _ in trace.rankings]
+    weights = [
+        {key: 1.0 / (rank + 1) ** alpha for rank, key in enumerate(keys)} for _, alpha, keys in trace.rankings
+    ]
+    regimes: list[int] = []
+    regime = 0
+    for n, step in enumerate(trace.steps):
+        while regime + 1 < len(starts) and starts[regime + 1] <= n:
+            regime += 1
+        regimes.extend(regime for _, items in step.arrivals for _ in items)
+    return regimes, weights
+
+
+class PopularityPolicy:
+    """Offline, knowing rates but not order: the evictable entry of lowest rate per block in the
+    current regime goes first, oldest listed first among equals (module docstring). A min-heap with
+    lazy deletion, rebuilt when the regime changes."""
+
+    name = "popularity"
+
+    def __init__(
+        self,
+        evictable: Mapping[str, Entry],
+        regimes: list[int],
+        weights: list[dict[str, float]],
+        clock: RequestClock,
+    ) -> None:
+        self._evictable = evictable
+        self._epochs = regimes
+        self._weights = weights
+        self._clock = clock
+        self._epoch = 0
+        self._heap: list[tuple[float, int, str]] = []
+        self._stamps: dict[str, int] = {}
+        self._stamp = 0
+
+    def density(self, entry: Entry) -> float:
+        """`entry`'s request rate per block in the current regime (relative: its Zipf weight)."""
+        weights = self._weights[self._epoch] if self._weights else {}
+        return weights.get(entry.key, 0.0) / max(1, entry.rows)
+
+    def reserved(self, entry: Entry) -> None:
+        pass
+
+    def read(self, entry: Entry) -> None:
+        pass
+
+    def freed(self, entry: Entry) -> None:
+        self._stamps.pop(entry.key, None)
+
+    def listed(self, entry: Entry) -> None:
+        self._follow()
+        self._stamp += 1
+        self._stamps[entry.key] = self._stamp
+        heapq.heappush(self._heap, (self.density(entry), self._stamp, entry.key))
+
+    def victims(self, needed: int, protect: Container[str]) -> list[Entry]:
+        self._follow()
+        out: list[Entry] = []
+        skipped = []
+        while needed > 0:
+            item = heapq.heappop(self._heap)
+            entry = self._evictable.get(item[2])
+            if entry is None or self._stamps.get(item[2]) != item[1] or entry in out:
+                continue  # stale
+            if item[2] in protect:
+                skipped.append(item)
+                continue
+            out.append(entry)
+            needed -= entry.rows
+        for item in skipped:
+            heapq.heappush(self._heap, item)
+        return out
+
+    def queued(self) -> int:
+        return len(self._heap)
+
+    def rank(self, entry: Entry) -> tuple[int, int]:
+        return (int(self.density(entry) * _RANK_SCALE), entry.order)
+
+    def _follow(self) -> None:
+        """A new regime: every listed entry's density is the new one's."""
+        pos = max(0, self._clock.pos)
+        epoch = self._epochs[min(pos, len(self._epochs) - 1)] if self._epochs else 0
+        if epoch == self._epoch:
+            return
+        self._epoch = epoch
+        self._heap = [
+            (self.density(self._evictable[key]), stamp, key)
+            for key, stamp in self._stamps.items()
+            if key in self._evictable
+        ]
+        heapq.heapify(self._heap)
 
 
 def miss_ratio_bound(trace: Trace, num_blocks: int) -> dict[str, float]:

@@ -39,7 +39,7 @@ import random
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from ec_connector.benchmarks.serving_workload import build, zipf_draws
+from ec_connector.benchmarks.serving_workload import build, pressure_ranking, zipf_draws
 
 ROW_BYTES = 3584 * 2  # bf16 rows of a hidden-3584 model: 7 KiB
 IMAGE_MIX = ((64, 0.20), (256, 0.30), (880, 0.35), (2040, 0.15))  # rows, share
@@ -71,12 +71,18 @@ class Step:
     finishes: tuple[int, ...]
 
 
+Ranking = tuple[int, float, tuple[str, ...]]
+"""A popularity regime: (its first step, its Zipf exponent, the keys most popular first); the rank-k
+key is drawn with weight 1/(k+1)^exponent and a key not listed is not drawn from the ranking."""
+
+
 @dataclass(frozen=True, slots=True)
 class Trace:
     steps: tuple[Step, ...]
     live: int
     num_blocks: int
     name: str = "compare"
+    rankings: tuple[Ranking, ...] = ()  # the generator's own, in step order (none for `compare`)
 
     def items(self) -> list[Item]:
         """Every item in arrival order."""
@@ -110,8 +116,11 @@ def _compare_source(rng: random.Random) -> Source:
     return draw
 
 
-def _zipf_source(rng: random.Random, alpha: float, pool: int, sizes: Callable[[], int]) -> Source:
+def _zipf_source(
+    rng: random.Random, alpha: float, pool: int, sizes: Callable[[], int], rankings: list[Ranking]
+) -> Source:
     images = [(f"z{rng.getrandbits(128):032x}", sizes()) for _ in range(pool)]
+    rankings.append((0, alpha, tuple(key for key, _ in images)))
     weights = list(itertools.accumulate(1.0 / (rank + 1) ** alpha for rank in range(pool)))
 
     def draw(_now: int) -> tuple[str, int]:
@@ -120,8 +129,9 @@ def _zipf_source(rng: random.Random, alpha: float, pool: int, sizes: Callable[[]
     return draw
 
 
-def _drift_source(rng: random.Random, pool: int) -> Source:
+def _drift_source(rng: random.Random, pool: int, rankings: list[Ranking]) -> Source:
     images = [(f"d{rng.getrandbits(128):032x}", _pick(rng, IMAGE_MIX)) for _ in range(pool)]
+    rankings.append((0, 0.8, tuple(key for key, _ in images)))
     weights = list(itertools.accumulate(1.0 / (rank + 1) ** 0.8 for rank in range(pool)))
     epoch = 0
 
@@ -130,13 +140,14 @@ def _drift_source(rng: random.Random, pool: int) -> Source:
         if now // DRIFT_EVERY != epoch:
             epoch = now // DRIFT_EVERY
             rng.shuffle(images)  # a new ranking of the same images
+            rankings.append((now, 0.8, tuple(key for key, _ in images)))
         return rng.choices(images, cum_weights=weights)[0]
 
     return draw
 
 
-def _scan_source(rng: random.Random, pool: int) -> Source:
-    zipf = _zipf_source(rng, 0.8, pool, lambda: _pick(rng, IMAGE_MIX))
+def _scan_source(rng: random.Random, pool: int, rankings: list[Ranking]) -> Source:
+    zipf = _zipf_source(rng, 0.8, pool, lambda: _pick(rng, IMAGE_MIX), rankings)
 
     def draw(now: int) -> tuple[str, int]:
         if now % SCAN_EVERY == SCAN_EVERY - 1:  # the burst step: every item is seen once
@@ -146,33 +157,38 @@ def _scan_source(rng: random.Random, pool: int) -> Source:
     return draw
 
 
-def _source(name: str, rng: random.Random, pool: int) -> Source:
+def _source(name: str, rng: random.Random, pool: int, rankings: list[Ranking]) -> Source:
     mix = lambda: _pick(rng, IMAGE_MIX)  # noqa: E731
     if name == "compare":
         return _compare_source(rng)
     if name.startswith("zipf"):
-        return _zipf_source(rng, float(name[4:]), pool, mix)
+        return _zipf_source(rng, float(name[4:]), pool, mix, rankings)
     if name == "scan":
-        return _scan_source(rng, pool)
+        return _scan_source(rng, pool, rankings)
     if name == "drift":
-        return _drift_source(rng, pool)
+        return _drift_source(rng, pool, rankings)
     if name == "mixed":
         lo, hi = math.log(64), math.log(MAX_ROWS)
-        return _zipf_source(rng, 0.8, pool, lambda: int(math.exp(rng.uniform(lo, hi))))
+        return _zipf_source(rng, 0.8, pool, lambda: int(math.exp(rng.uniform(lo, hi))), rankings)
     raise ValueError(f"unknown trace {name!r}: expected one of {', '.join(SOURCES + ENGINE_SOURCES)}")
 
 
-def engine_requests(*, steps: int, source: str, seed: int = 8, pool: int = ENGINE_POOL) -> list[int]:
+def engine_requests(
+    *, steps: int, source: str, seed: int = 8, pool: int = ENGINE_POOL, rankings: list[Ranking] | None = None
+) -> list[int]:
     """The image (by seed) of each of `steps` requests of an engine-shaped trace (`ENGINE_SOURCES`).
     A stationary one is the serving bench's pressure workload: its fill (a quarter of the requests)
     and one pass, flattened. `engine-drift` draws with the same sampler and re-ranks the pool every
-    `ENGINE_DRIFT_EVERY` requests."""
+    `ENGINE_DRIFT_EVERY` requests. `rankings`, if given, gets the trace's popularity regimes
+    (their first request, keys the images' seeds as text)."""
+    found: list[Ranking] = [] if rankings is None else rankings
     if source == "engine-drift":
         rng = random.Random(f"engine-drift/{seed}")
         images = list(range(pool))
         out: list[int] = []
         while len(out) < steps:
             rng.shuffle(images)  # a new ranking of the same images
+            found.append((len(out), 0.8, tuple(str(i) for i in images)))
             count = min(ENGINE_DRIFT_EVERY, steps - len(out))
             out.extend(images[k] for k in zipf_draws(rng, pool, count, 0.8))
         return out
@@ -180,6 +196,8 @@ def engine_requests(*, steps: int, source: str, seed: int = 8, pool: int = ENGIN
         raise ValueError(f"unknown engine trace {source!r}: expected one of {', '.join(ENGINE_SOURCES)}")
     fill = max(1, steps // 4)
     item_bytes = ENGINE_ROWS * ROW_BYTES
+    zipf = float(source[len("engine") :])
+    found.append((0, zipf, tuple(str(i) for i in pressure_ranking(ENGINE_SIZE, pool, seed))))
     wl = build(
         "pressure",
         ENGINE_SIZE,
@@ -189,17 +207,19 @@ def engine_requests(*, steps: int, source: str, seed: int = 8, pool: int = ENGIN
         region_bytes=pool * item_bytes // 4,
         pressure_pool=pool,
         pressure_fill=fill,
-        zipf=float(source[len("engine") :]),
+        zipf=zipf,
         seed=seed,
     )
     return [s for p in wl.passes for s in p.seeds][:steps]
 
 
-def engine_trace(requests: list[int], rows: int, num_blocks: int, name: str) -> Trace:
+def engine_trace(
+    requests: list[int], rows: int, num_blocks: int, name: str, rankings: tuple[Ranking, ...] = ()
+) -> Trace:
     """One request a step, each one image (its seed) of `rows` blocks; saves never fail (the
     serving bench's replay, serving_expected.py)."""
     steps = tuple(Step(((i, (Item(str(seed), rows, False),)),), ()) for i, seed in enumerate(requests))
-    return Trace(steps, 1, num_blocks, name)
+    return Trace(steps, 1, num_blocks, name, rankings)
 
 
 def make_trace(
@@ -209,12 +229,15 @@ def make_trace(
     `source` (one of `SOURCES`; `pool`: images in a Zipf pool, 0: 2,000). An engine-shaped
     `source` (`ENGINE_SOURCES`) ignores `live`: one request a step (`pool` 0: `ENGINE_POOL`).
     Deterministic for its arguments."""
+    rankings: list[Ranking] = []
     if source in ENGINE_SOURCES:
-        requests = engine_requests(steps=steps, source=source, seed=seed, pool=pool or ENGINE_POOL)
-        return engine_trace(requests, ENGINE_ROWS, num_blocks, source)
+        requests = engine_requests(
+            steps=steps, source=source, seed=seed, pool=pool or ENGINE_POOL, rankings=rankings
+        )
+        return engine_trace(requests, ENGINE_ROWS, num_blocks, source, tuple(rankings))
     pool = pool or 2000
     rng = random.Random(seed)
-    draw = _source(source, rng, pool)
+    draw = _source(source, rng, pool, rankings)
     next_id = 0
     ends: dict[int, list[int]] = {}
     burst = source == "scan"
@@ -242,4 +265,4 @@ def make_trace(
         arrivals = tuple(new_request(now) for _ in range(count))
         alive += len(arrivals)
         out.append(Step(arrivals, finishes))
-    return Trace(tuple(out), live, num_blocks, source)
+    return Trace(tuple(out), live, num_blocks, source, tuple(rankings))

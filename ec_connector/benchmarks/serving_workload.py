@@ -112,6 +112,23 @@ class Workload:
         return Workload(d["name"], tuple(d["size"]), passes, d["stub_encoder"], d["pool"], d.get("notes", {}))  # type: ignore[arg-type]
 
 
+def _seed_base(name: str, size: tuple[int, int], seed: int) -> int:
+    return _SEED_BASE[name] + _size_salt(size) * 4096 + seed * 7_777_777
+
+
+def _ranked(rng: random.Random, base: int, pool: int) -> list[int]:
+    """Popularity rank -> image, shuffled so that popularity is not the seed order."""
+    ranks = list(range(base, base + pool))
+    rng.shuffle(ranks)
+    return ranks
+
+
+def pressure_ranking(size: tuple[int, int], pool: int, seed: int = 0) -> list[int]:
+    """The pressure workload's images (seeds) most popular first, as `build` ranks them: its
+    rank-k image is drawn with weight 1/(k+1)^zipf."""
+    return _ranked(random.Random(f"pressure/{size}/{seed}"), _seed_base("pressure", size, seed), pool)
+
+
 def _size_salt(size: tuple[int, int]) -> int:
     return (size[0] * 7919 + size[1]) % (1 << 20) << 2
 
@@ -151,7 +168,7 @@ def build(
         raise ValueError(f"{name} is served as the fleet's shapes: use fleet_workloads()")
     if requests <= 0 or passes <= 0:
         raise ValueError("requests per pass and passes must be positive")
-    base = _SEED_BASE[name] + _size_salt(size) * 4096 + seed * 7_777_777
+    base = _seed_base(name, size, seed)
     rng = random.Random(f"{name}/{size}/{seed}")
     fits = max(1, region_bytes // max(1, item_bytes))
     if name in ("unique", "epd"):
@@ -175,8 +192,7 @@ def build(
             name, size, tuple(out), stub_encoder=name == "limit", pool=pool, notes={"region_images": fits}
         )
     pool = pressure_pool or max(1, math.ceil(4 * region_bytes / max(1, item_bytes)))
-    ranks = list(range(base, base + pool))
-    rng.shuffle(ranks)  # popularity rank -> image, so popularity is not the seed order
+    ranks = _ranked(rng, base, pool)
     fill = pressure_fill or auto_fill(rng, pool, fits, zipf)
     out = [Pass("fill", False, tuple(ranks[i] for i in zipf_draws(rng, pool, fill, zipf)))]
     for p in range(1, passes + 1):

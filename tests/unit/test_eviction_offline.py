@@ -10,16 +10,18 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from bench.cache_traces import Trace, make_trace
-from bench.eviction import _belady, _ours, replay_hits
+from bench.eviction import _belady, _ours, _popularity, replay_hits
 from bench.eviction_arc import ArcPolicy
 from bench.eviction_candidates import ClockPolicy, TinyLfuS3FifoPolicy
 from bench.eviction_hyperbolic import make_candidate
 from bench.eviction_offline import (
     BeladyPolicy,
+    PopularityPolicy,
     RequestClock,
     _knapsack,
     _knapsack_weighted,
     miss_ratio_bound,
+    popularity_of,
     request_positions,
 )
 from bench.eviction_wtinylfu import WTinyLfuPolicy
@@ -36,7 +38,7 @@ LEASE = 100.0
 def test_the_bound_is_at_most_every_policys_miss_ratio(source, fraction):
     probe = make_trace(steps=300, live=64, num_blocks=0, seed=3, source=source, pool=300)
     num_blocks = int(probe.footprint_rows() * fraction)
-    trace = Trace(probe.steps, probe.live, num_blocks, source)
+    trace = Trace(probe.steps, probe.live, num_blocks, source, probe.rankings)
     bound = miss_ratio_bound(trace, num_blocks)["miss_ratio"]
     policies = ("fifo", "s3fifo", "lfu", "lecar")
     ratios = {p: replay_hits(_ours(p)(num_blocks), trace)["miss_ratio"] for p in policies}
@@ -44,6 +46,9 @@ def test_the_bound_is_at_most_every_policys_miss_ratio(source, fraction):
     ratios["belady"] = replay_hits(_belady(num_blocks, request_positions(probe), clock), trace, clock)[
         "miss_ratio"
     ]
+    if trace.rankings:
+        clock = RequestClock()
+        ratios["popularity"] = replay_hits(_popularity(num_blocks, trace, clock), trace, clock)["miss_ratio"]
     assert all(bound <= r + 1e-12 for r in ratios.values()), (bound, ratios)
     assert ratios["belady"] <= ratios["fifo"]
 
@@ -78,6 +83,48 @@ def test_belady_evicts_the_entry_requested_farthest_ahead():
     table.mark_ready("d")
     res = table.reserve("e", 10, now=0.0, lease_s=LEASE)
     assert res is not None and [e.key for e in res.evicted] == ["b"]  # next at 9, "a" at 5, "d" at 4
+
+
+def test_popularity_evicts_the_lowest_rate_per_block_of_the_current_regime():
+    clock = RequestClock()
+    # two regimes: "a" most popular then least; sizes 10 and 20 (per block: weight / rows)
+    weights = [{"a": 1.0, "b": 0.5, "c": 0.25}, {"a": 0.1, "b": 0.5, "c": 1.0}]
+    regimes = [0, 0, 0, 0, 1, 1]
+    table = EntryTable(40)
+    table._policy = PopularityPolicy(table._evictable, regimes, weights, clock)
+    for pos, (key, rows) in enumerate([("a", 10), ("b", 10), ("c", 20)]):
+        clock.pos = pos
+        assert table.reserve(key, rows, now=0.0, lease_s=LEASE) is not None
+        table.mark_ready(key)
+    clock.pos = 3
+    res = table.reserve("d", 10, now=0.0, lease_s=LEASE)
+    assert res is not None and [e.key for e in res.evicted] == ["c"]  # 0.25 / 20 is the lowest
+    table.mark_ready("d")  # in no ranking: rate 0
+    clock.pos = 4  # the second regime: "a" is the least popular now, "d" still has no rate
+    res = table.reserve("e", 30, now=0.0, lease_s=LEASE)  # 10 blocks free: 20 more needed
+    assert res is not None and [e.key for e in res.evicted] == ["d", "a"]
+
+
+@pytest.mark.parametrize("source", ["zipf0.8", "drift", "engine0.8", "engine-drift"])
+def test_a_traces_rankings_are_its_generators_and_their_top_keys_are_requested_most(source):
+    from bench.cache_traces import DRIFT_EVERY, ENGINE_DRIFT_EVERY
+
+    probe = make_trace(steps=1200, live=64, num_blocks=0, seed=3, source=source, pool=200)
+    starts = [first for first, _, _ in probe.rankings]
+    every = {"drift": DRIFT_EVERY, "engine-drift": ENGINE_DRIFT_EVERY}.get(source)
+    assert starts == (list(range(0, 1200, every)) if every else [0])
+    keys = {item.key for item in probe.items()}
+    assert all(keys <= set(ranking) for _, _, ranking in probe.rankings)  # every drawn key is ranked
+    regimes, weights = popularity_of(probe)
+    assert len(regimes) == len(probe.items()) and len(weights) == len(starts)
+    # within each regime, its top-ranked keys are among the most requested (Zipf 0.8, 200 keys)
+    for r, (_, _, ranking) in enumerate(probe.rankings):
+        counts: dict[str, int] = {}
+        for reg, item in zip(regimes, probe.items(), strict=True):
+            if reg == r:
+                counts[item.key] = counts.get(item.key, 0) + 1
+        top = sorted(counts, key=lambda k: -counts[k])[:10]
+        assert ranking[0] in top, (r, ranking[0], top)
 
 
 # --- the candidates keep the table's guarantees -------------------------------------------------
