@@ -288,12 +288,16 @@ def plot(res: dict, path: str) -> None:
     spare = list(axes.flat)[len(traces) :]
     for ax in spare:
         ax.axis("off")
-    handles, labels = axes.flat[0].get_legend_handles_labels()
+    seen: dict[str, Any] = {}  # every axis's lines, once each (`compare` has no `popularity`)
+    for ax in axes.flat:
+        for handle, label in zip(*ax.get_legend_handles_labels(), strict=True):
+            seen.setdefault(label, handle)
+    handles, labels = list(seen.values()), list(seen)
     where = spare[0] if spare else axes.flat[0]
     where.legend(handles, labels, loc="center" if spare else "best", fontsize=9)
     fig.suptitle(
-        "Miss ratio against region size per eviction policy (our EntryTable; vllm: EmbeddingCache;"
-        " belady: offline; bound: no policy goes below)"
+        "Miss ratio against region size per eviction policy (our EntryTable; vllm: EmbeddingCache)\n"
+        "belady: offline; popularity: knows the rates, not the order; bound: no policy goes below"
     )
     fig.tight_layout()
     Path(path).parent.mkdir(parents=True, exist_ok=True)
@@ -310,7 +314,7 @@ def main(argv: list[str] | None = None) -> int:
         "--traces", nargs="+", choices=SOURCES + ENGINE_SOURCES, default=list(SOURCES + ENGINE_SOURCES)
     )
     ap.add_argument("--policies", nargs="+", default=None, help="online policies to replay")
-    ap.add_argument("--no-offline", action="store_true", help="leave out belady and the bound")
+    ap.add_argument("--no-offline", action="store_true", help="leave out belady, popularity and the bound")
     ap.add_argument("--json", metavar="PATH")
     ap.add_argument("--plot", metavar="PATH", help="PNG (needs matplotlib)")
     args = ap.parse_args(argv)
