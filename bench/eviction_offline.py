@@ -36,11 +36,10 @@ the run floor, which can only lower it too.
 
 from __future__ import annotations
 
-import heapq
 from collections.abc import Container, Mapping
 
 from bench.cache_traces import Trace
-from ec_connector.benchmarks.replay import BeladyPolicy, RequestClock, request_positions
+from ec_connector.benchmarks.replay import BeladyPolicy, LazyHeapOrder, RequestClock, request_positions
 from ec_connector.domain.entries import Entry
 
 # The offline policy and the driver's clock live with the replay they serve (the serving bench uses
@@ -55,6 +54,7 @@ __all__ = [
 ]
 
 _RANK_SCALE = 1 << 40
+
 
 def popularity_of(trace: Trace) -> tuple[list[int], list[dict[str, float]]]:
     """Each request's popularity regime (by position, as the driver counts them) and each
@@ -72,10 +72,10 @@ def popularity_of(trace: Trace) -> tuple[list[int], list[dict[str, float]]]:
     return regimes, weights
 
 
-class PopularityPolicy:
+class PopularityPolicy(LazyHeapOrder):
     """Offline, knowing rates but not order: the evictable entry of lowest rate per block in the
-    current regime goes first, oldest listed first among equals (module docstring). A min-heap with
-    lazy deletion, rebuilt when the regime changes."""
+    current regime goes first, oldest listed first among equals (module docstring); every key
+    is taken anew when the regime changes."""
 
     name = "popularity"
 
@@ -86,72 +86,34 @@ class PopularityPolicy:
         weights: list[dict[str, float]],
         clock: RequestClock,
     ) -> None:
-        self._evictable = evictable
-        self._epochs = regimes
+        super().__init__(evictable)
+        self._regimes = regimes
         self._weights = weights
         self._clock = clock
-        self._epoch = 0
-        self._heap: list[tuple[float, int, str]] = []
-        self._stamps: dict[str, int] = {}
-        self._stamp = 0
+        self._regime = 0
 
-    def density(self, entry: Entry) -> float:
+    def key(self, entry: Entry) -> float:
         """`entry`'s request rate per block in the current regime (relative: its Zipf weight)."""
-        weights = self._weights[self._epoch] if self._weights else {}
+        weights = self._weights[self._regime] if self._weights else {}
         return weights.get(entry.key, 0.0) / max(1, entry.rows)
-
-    def reserved(self, entry: Entry) -> None:
-        pass
-
-    def read(self, entry: Entry) -> None:
-        pass
-
-    def freed(self, entry: Entry) -> None:
-        self._stamps.pop(entry.key, None)
 
     def listed(self, entry: Entry) -> None:
         self._follow()
-        self._stamp += 1
-        self._stamps[entry.key] = self._stamp
-        heapq.heappush(self._heap, (self.density(entry), self._stamp, entry.key))
+        super().listed(entry)
 
     def victims(self, needed: int, protect: Container[str]) -> list[Entry]:
         self._follow()
-        out: list[Entry] = []
-        skipped = []
-        while needed > 0:
-            item = heapq.heappop(self._heap)
-            entry = self._evictable.get(item[2])
-            if entry is None or self._stamps.get(item[2]) != item[1] or entry in out:
-                continue  # stale
-            if item[2] in protect:
-                skipped.append(item)
-                continue
-            out.append(entry)
-            needed -= entry.rows
-        for item in skipped:
-            heapq.heappush(self._heap, item)
-        return out
-
-    def queued(self) -> int:
-        return len(self._heap)
+        return super().victims(needed, protect)
 
     def rank(self, entry: Entry) -> tuple[int, int]:
-        return (int(self.density(entry) * _RANK_SCALE), entry.order)
+        return (int(self.key(entry) * _RANK_SCALE), entry.order)
 
     def _follow(self) -> None:
-        """A new regime: every listed entry's density is the new one's."""
         pos = max(0, self._clock.pos)
-        epoch = self._epochs[min(pos, len(self._epochs) - 1)] if self._epochs else 0
-        if epoch == self._epoch:
-            return
-        self._epoch = epoch
-        self._heap = [
-            (self.density(self._evictable[key]), stamp, key)
-            for key, stamp in self._stamps.items()
-            if key in self._evictable
-        ]
-        heapq.heapify(self._heap)
+        regime = self._regimes[min(pos, len(self._regimes) - 1)] if self._regimes else 0
+        if regime != self._regime:
+            self._regime = regime
+            self._rekey()
 
 
 def miss_ratio_bound(trace: Trace, num_blocks: int) -> dict[str, float]:

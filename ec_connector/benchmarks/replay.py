@@ -7,7 +7,8 @@ the item's save fails) and loads unpin, then each arriving item is looked up: re
 (pinned for a step), absent -> a miss (reserved, may evict), not ready -> waits (neither).
 `BeladyPolicy` evicts the evictable entry requested again farthest in the future (Belady's MIN,
 sizes in blocks); it knows the whole trace (`request_positions`) and where the replay is
-(`RequestClock`), so it is a reference, not a policy a server can run.
+(`RequestClock`), so it is a reference, not a policy a server can run; it and the eviction
+bench's other offline orders are `LazyHeapOrder`s.
 """
 
 from __future__ import annotations
@@ -43,28 +44,20 @@ def request_positions(trace: Trace) -> dict[str, list[int]]:
     return out
 
 
-class BeladyPolicy:
-    """Offline: the evictable entry requested again farthest in the future goes first (never
-    requested again: first of all). A max-heap by next request, lazily deleted; an entry's next
-    request is computed when it becomes evictable, and it cannot change while it stays so (a
-    request of it pins it first, which takes it out)."""
+class LazyHeapOrder:
+    """An offline order: the evictable entry of lowest `key` goes first, the oldest listed first
+    among equals. An entry's key is taken when it becomes evictable and must not change while it
+    stays so (a request pins it first, which takes it out); a min-heap with lazy deletion,
+    compacted when stale items outnumber live ones, and rebuilt by `_rekey` when every key moves."""
 
-    name = "belady"
-
-    def __init__(
-        self, evictable: Mapping[str, Entry], positions: Mapping[str, list[int]], clock: RequestClock
-    ) -> None:
+    def __init__(self, evictable: Mapping[str, Entry]) -> None:
         self._evictable = evictable
-        self._positions = positions
-        self._clock = clock
-        self._heap: list[tuple[int, int, str]] = []  # (-next request, stamp, key)
+        self._heap: list[tuple[float, int, str]] = []  # (key, stamp, entry key)
         self._stamps: dict[str, int] = {}
         self._stamp = 0
 
-    def next_request(self, key: str) -> int:
-        uses = self._positions.get(key, ())
-        i = bisect_right(uses, self._clock.pos)
-        return uses[i] if i < len(uses) else _NEVER
+    def key(self, entry: Entry) -> float:
+        raise NotImplementedError
 
     def reserved(self, entry: Entry) -> None:
         pass
@@ -78,7 +71,7 @@ class BeladyPolicy:
     def listed(self, entry: Entry) -> None:
         self._stamp += 1
         self._stamps[entry.key] = self._stamp
-        heapq.heappush(self._heap, (-self.next_request(entry.key), self._stamp, entry.key))
+        heapq.heappush(self._heap, (self.key(entry), self._stamp, entry.key))
         if len(self._heap) > max(64, 2 * len(self._evictable)):
             self._heap = [i for i in self._heap if self._stamps.get(i[2]) == i[1] and i[2] in self._evictable]
             heapq.heapify(self._heap)
@@ -102,6 +95,37 @@ class BeladyPolicy:
 
     def queued(self) -> int:
         return len(self._heap)
+
+    def _rekey(self) -> None:
+        """Every listed entry's key anew (what the order knows has changed for all of them)."""
+        self._heap = [
+            (self.key(self._evictable[k]), stamp, k)
+            for k, stamp in self._stamps.items()
+            if k in self._evictable
+        ]
+        heapq.heapify(self._heap)
+
+
+class BeladyPolicy(LazyHeapOrder):
+    """Offline: the evictable entry requested again farthest in the future goes first (never
+    requested again: first of all)."""
+
+    name = "belady"
+
+    def __init__(
+        self, evictable: Mapping[str, Entry], positions: Mapping[str, list[int]], clock: RequestClock
+    ) -> None:
+        super().__init__(evictable)
+        self._positions = positions
+        self._clock = clock
+
+    def next_request(self, key: str) -> int:
+        uses = self._positions.get(key, ())
+        i = bisect_right(uses, self._clock.pos)
+        return uses[i] if i < len(uses) else _NEVER
+
+    def key(self, entry: Entry) -> float:
+        return -self.next_request(entry.key)
 
     def rank(self, entry: Entry) -> tuple[int, int]:
         return (-self.next_request(entry.key), entry.order)
