@@ -129,7 +129,7 @@ def test_a_traces_rankings_are_its_generators_and_their_top_keys_are_requested_m
 
 # --- the candidates keep the table's guarantees -------------------------------------------------
 
-CANDIDATES = ["clock", "s3fifo-tinylfu", "lfu", "lecar", "lecar-lru", "wtinylfu", "arc"]
+CANDIDATES = ["clock", "s3fifo-tinylfu", "lfu", "lecar", "lecar-lru", "wtinylfu", "arc", "popularity"]
 TUNED = [  # bench/eviction_hyperbolic.py and bench/eviction_decayed.py, with settings that exercise them
     "hyperbolic",
     "hyperbolic:prior=0,k=2",
@@ -154,6 +154,15 @@ def _candidate(name: str, table: EntryTable) -> EvictionPolicy:
         return make_candidate(name, num_blocks, table._evictable)
     if name == "clock":
         return ClockPolicy(table._evictable)
+    if name == "popularity":  # two regimes that rank the keys in opposite orders, the clock between
+        keys = [f"k{i}" for i in range(20)] + [f"new{n}" for n in range(30)]
+        weights = [
+            {k: 1.0 / (i + 1) for i, k in enumerate(keys)},
+            {k: 1.0 / (i + 1) for i, k in enumerate(keys[::-1])},
+        ]
+        clock = RequestClock()
+        clock.pos = 1
+        return PopularityPolicy(table._evictable, [0, 1], weights, clock)
     if name == "lfu":
         return LfuPolicy(num_blocks, table._evictable, age=0.05)  # ages often: the aging path runs
     if name.startswith("lecar"):  # no key comes back here, so the weights stay: "lecar-lru" starts
