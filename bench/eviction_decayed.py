@@ -259,7 +259,52 @@ class _Shadow:
             self.ghost_rows -= old_rows
 
 
-class AdaptiveDecayedPolicy(DecayedPolicy):
+class _GridDecayedPolicy(DecayedPolicy):
+    """`DecayedPolicy` that follows one half-life of `half_lives` at a time (`half_lives[start]`
+    first, the longest by default); a subclass chooses among them as each request comes
+    (`_requested`) and moves with `_follow`."""
+
+    def __init__(
+        self,
+        num_blocks: int,
+        evictable: Mapping[str, Entry],
+        *,
+        half_lives: tuple[float, ...],
+        start: int | None,
+        ghost_share: float,
+        size_aware: bool,
+    ) -> None:
+        first = (len(half_lives) - 1 if start is None else start) % len(half_lives)
+        super().__init__(
+            num_blocks, evictable, half_life=half_lives[first], ghost_share=ghost_share, size_aware=size_aware
+        )
+        self._half_lives = half_lives
+        self._grid = [1.0 / (h * max(1, num_blocks)) for h in half_lives]
+        self._at = first
+
+    @property
+    def half_life(self) -> float:
+        """The half-life followed now, in the region's blocks accessed."""
+        return self._half_lives[self._at]
+
+    def reserved(self, entry: Entry) -> None:
+        super().reserved(entry)
+        self._requested(entry, hit=False)
+
+    def read(self, entry: Entry) -> None:
+        super().read(entry)
+        self._requested(entry, hit=True)
+
+    def _requested(self, entry: Entry, *, hit: bool) -> None:
+        """One request of `entry` (a read is a hit, a reservation a miss) was counted; the base
+        follows the half-life it has."""
+
+    def _follow(self, at: int) -> None:
+        self._at = at
+        self._rekey(self._grid[at])
+
+
+class AdaptiveDecayedPolicy(_GridDecayedPolicy):
     """`DecayedPolicy` whose half-life follows one of shadow regions, one per half-life of
     `half_lives` (starting with `half_lives[start]`, the longest by default), fed the same
     requests. Every `entries held` requests it looks at each shadow's gain over the one it follows
@@ -287,18 +332,19 @@ class AdaptiveDecayedPolicy(DecayedPolicy):
         z: float = Z,
         shard: float = 1.0,
     ) -> None:
-        first = half_lives[-1 if start is None else start]
         super().__init__(
-            num_blocks, evictable, half_life=first, ghost_share=ghost_share, size_aware=size_aware
+            num_blocks,
+            evictable,
+            half_lives=half_lives,
+            start=start,
+            ghost_share=ghost_share,
+            size_aware=size_aware,
         )
-        capacity = max(1, num_blocks)
-        self._lams = [1.0 / (h * capacity) for h in half_lives]
-        self._half_lives = half_lives
         self._shard = min(1.0, max(1e-3, shard))
         self._shard_below = int(self._shard * 2**32)
         shadow_blocks = max(1, int(num_blocks * self._shard))
         ghost_limit = int(shadow_blocks * ghost_share)
-        self._shadows = [_Shadow(lam, shadow_blocks, ghost_limit, size_aware) for lam in self._lams]
+        self._shadows = [_Shadow(lam, shadow_blocks, ghost_limit, size_aware) for lam in self._grid]
         self._hits = [0.0] * len(half_lives)
         self._window = window
         self._margin = margin
@@ -306,22 +352,8 @@ class AdaptiveDecayedPolicy(DecayedPolicy):
         self._gain = [0.0] * len(half_lives)  # decayed sum of (its hit - the followed one's hit)
         self._disagree = [0.0] * len(half_lives)  # decayed count of requests where the two differ
         self._since_choice = 0
-        self._chosen = self._lams.index(self._lam)
 
-    @property
-    def half_life(self) -> float:
-        """The half-life followed now, in the region's blocks accessed."""
-        return self._half_lives[self._chosen]
-
-    def reserved(self, entry: Entry) -> None:
-        super().reserved(entry)
-        self._shadowed(entry)
-
-    def read(self, entry: Entry) -> None:
-        super().read(entry)
-        self._shadowed(entry)
-
-    def _shadowed(self, entry: Entry) -> None:
+    def _requested(self, entry: Entry, *, hit: bool) -> None:
         held = max(1, len(self._nodes))
         self._since_choice += 1
         if self._shard >= 1.0 or zlib.crc32(entry.key.encode()) < self._shard_below:
@@ -337,7 +369,7 @@ class AdaptiveDecayedPolicy(DecayedPolicy):
         now = self._time
         hits, gain, disagree = self._hits, self._gain, self._disagree
         got = [shadow.request(entry.key, entry.rows, now) for shadow in self._shadows]
-        ours = got[self._chosen]
+        ours = got[self._at]
         for i, hit in enumerate(got):
             hits[i] = hits[i] * keep + (1.0 if hit else 0.0)
             gain[i] *= keep
@@ -352,18 +384,18 @@ class AdaptiveDecayedPolicy(DecayedPolicy):
             best = max(range(len(gain)), key=lambda i: gain[i])
             switch = gain[best] > self._z * math.sqrt(disagree[best])
         else:
-            best = max(range(len(hits)), key=lambda i: (hits[i], i == self._chosen))
-            switch = hits[best] > hits[self._chosen] * (1.0 + self._margin)
-        if best != self._chosen and switch:
-            self._chosen = best
+            best = max(range(len(hits)), key=lambda i: (hits[i], i == self._at))
+            switch = hits[best] > hits[self._at] * (1.0 + self._margin)
+        if best != self._at and switch:
             self._gain = [0.0] * len(gain)
             self._disagree = [0.0] * len(disagree)
-            self._rekey(self._lams[best])
+            self._follow(best)
+
 
 CLIMB_SAMPLE = 4.0  # a climber's sample: this many x the entries held requests
 
 
-class ClimbingDecayedPolicy(DecayedPolicy):
+class ClimbingDecayedPolicy(_GridDecayedPolicy):
     """`DecayedPolicy` whose half-life climbs the grid `half_lives` by its own hit ratio, without
     shadows: every `sample x entries held` requests (reads are hits, reservations misses) it takes
     one step along the grid, the same way as the last one when the sample's hit ratio is not below
@@ -386,13 +418,14 @@ class ClimbingDecayedPolicy(DecayedPolicy):
         ghost_share: float = GHOST_SHARE,
         size_aware: bool = False,
     ) -> None:
-        first = len(half_lives) - 1 if start is None else start
         super().__init__(
-            num_blocks, evictable, half_life=half_lives[first], ghost_share=ghost_share, size_aware=size_aware
+            num_blocks,
+            evictable,
+            half_lives=half_lives,
+            start=start,
+            ghost_share=ghost_share,
+            size_aware=size_aware,
         )
-        self._grid = [1.0 / (h * max(1, num_blocks)) for h in half_lives]
-        self._half_lives = half_lives
-        self._at = first
         self._way = -1
         self._sample = sample
         self._tolerance = tolerance
@@ -400,20 +433,7 @@ class ClimbingDecayedPolicy(DecayedPolicy):
         self._requests = 0
         self._last: float | None = None
 
-    @property
-    def half_life(self) -> float:
-        """The half-life followed now, in the region's blocks accessed."""
-        return self._half_lives[self._at]
-
-    def reserved(self, entry: Entry) -> None:
-        super().reserved(entry)
-        self._tally(False)
-
-    def read(self, entry: Entry) -> None:
-        super().read(entry)
-        self._tally(True)
-
-    def _tally(self, hit: bool) -> None:
+    def _requested(self, entry: Entry, *, hit: bool) -> None:
         self._requests += 1
         self._hits += hit
         if self._requests < self._sample * max(1, len(self._nodes)):
@@ -428,8 +448,7 @@ class ClimbingDecayedPolicy(DecayedPolicy):
             self._way = -self._way
             step = self._at + self._way
         if 0 <= step < len(self._grid):
-            self._at = step
-            self._rekey(self._grid[step])
+            self._follow(step)
 
 
 _DECAYED_KEYS: Settings = {

@@ -16,6 +16,7 @@ from bench.eviction import _ours
 from bench.eviction_decayed import AdaptiveDecayedPolicy, ClimbingDecayedPolicy, DecayedPolicy
 from bench.eviction_hyperbolic import HyperbolicPolicy, is_candidate, make_candidate
 from ec_connector.domain.cache import EntryTable
+from ec_connector.domain.entries import Entry, Extent
 from ec_connector.domain.eviction import EvictionPolicy
 from ec_connector.domain.eviction_lecar import LeCarPolicy
 from tests.unit.table_helpers import LEASE, request
@@ -282,10 +283,11 @@ def test_a_climber_with_one_half_life_is_decayed():
 
 def test_a_climber_steps_once_a_sample_and_turns_when_its_hit_ratio_drops():
     _, policy = _climber(4, half_lives=(0.25, 1.0, 4.0, 16.0), sample=2.0)  # no entries: 2 a sample
+    seen = Entry("x", (Extent(0, 1),), 1, 0.0)  # the climber counts requests; which entry does not matter
     path = []
     for hits in ([True, True], [True, False], [False, True], [False, False], [True, True]):
         for hit in hits:
-            policy._tally(hit)
+            policy._requested(seen, hit=hit)
         path.append(policy.half_life)
     # 1.0 first: one step shorter; 0.5 below it: back; 0.5 again: on, and turned at the grid's end;
     # 0.0 below: back; 1.0: on, turned at the end again
