@@ -86,13 +86,13 @@ class PopularityPolicy(LazyHeapOrder):
         weights: list[dict[str, float]],
         clock: RequestClock,
     ) -> None:
-        super().__init__(evictable)
+        super().__init__(evictable, self.rate, rank_scale=_RANK_SCALE)
         self._regimes = regimes
         self._weights = weights
         self._clock = clock
         self._regime = 0
 
-    def key(self, entry: Entry) -> float:
+    def rate(self, entry: Entry) -> float:
         """`entry`'s request rate per block in the current regime (relative: its Zipf weight)."""
         weights = self._weights[self._regime] if self._weights else {}
         return weights.get(entry.key, 0.0) / max(1, entry.rows)
@@ -104,9 +104,6 @@ class PopularityPolicy(LazyHeapOrder):
     def victims(self, needed: int, protect: Container[str]) -> list[Entry]:
         self._follow()
         return super().victims(needed, protect)
-
-    def rank(self, entry: Entry) -> tuple[int, int]:
-        return (int(self.key(entry) * _RANK_SCALE), entry.order)
 
     def _follow(self) -> None:
         pos = max(0, self._clock.pos)

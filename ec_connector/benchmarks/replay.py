@@ -14,9 +14,10 @@ bench's other offline orders are `LazyHeapOrder`s.
 from __future__ import annotations
 
 import heapq
+import math
 import time
 from bisect import bisect_right
-from collections.abc import Container, Mapping
+from collections.abc import Callable, Container, Mapping
 from typing import Any
 
 from ec_connector.benchmarks.cache_sides import ABSENT, READY
@@ -45,19 +46,21 @@ def request_positions(trace: Trace) -> dict[str, list[int]]:
 
 
 class LazyHeapOrder:
-    """An offline order: the evictable entry of lowest `key` goes first, the oldest listed first
-    among equals. An entry's key is taken when it becomes evictable and must not change while it
-    stays so (a request pins it first, which takes it out); a min-heap with lazy deletion,
-    compacted when stale items outnumber live ones, and rebuilt by `_rekey` when every key moves."""
+    """An offline order: the evictable entry of lowest `key(entry)` goes first, the oldest listed
+    first among equals. An entry's key is taken when it becomes evictable and must not change while
+    it stays so (a request pins it first, which takes it out); a min-heap with lazy deletion,
+    compacted when stale items outnumber live ones, and rebuilt by `_rekey` when every key moves.
+    `rank` is the key times `rank_scale`, whole."""
 
-    def __init__(self, evictable: Mapping[str, Entry]) -> None:
+    def __init__(
+        self, evictable: Mapping[str, Entry], key: Callable[[Entry], float], *, rank_scale: float = 1.0
+    ) -> None:
         self._evictable = evictable
+        self._key = key
+        self._rank_scale = rank_scale
         self._heap: list[tuple[float, int, str]] = []  # (key, stamp, entry key)
         self._stamps: dict[str, int] = {}
         self._stamp = 0
-
-    def key(self, entry: Entry) -> float:
-        raise NotImplementedError
 
     def reserved(self, entry: Entry) -> None:
         pass
@@ -71,7 +74,7 @@ class LazyHeapOrder:
     def listed(self, entry: Entry) -> None:
         self._stamp += 1
         self._stamps[entry.key] = self._stamp
-        heapq.heappush(self._heap, (self.key(entry), self._stamp, entry.key))
+        heapq.heappush(self._heap, (self._key(entry), self._stamp, entry.key))
         if len(self._heap) > max(64, 2 * len(self._evictable)):
             self._heap = [i for i in self._heap if self._stamps.get(i[2]) == i[1] and i[2] in self._evictable]
             heapq.heapify(self._heap)
@@ -96,10 +99,13 @@ class LazyHeapOrder:
     def queued(self) -> int:
         return len(self._heap)
 
+    def rank(self, entry: Entry) -> tuple[int, int]:
+        return (math.floor(self._key(entry) * self._rank_scale), entry.order)
+
     def _rekey(self) -> None:
         """Every listed entry's key anew (what the order knows has changed for all of them)."""
         self._heap = [
-            (self.key(self._evictable[k]), stamp, k)
+            (self._key(self._evictable[k]), stamp, k)
             for k, stamp in self._stamps.items()
             if k in self._evictable
         ]
@@ -115,7 +121,7 @@ class BeladyPolicy(LazyHeapOrder):
     def __init__(
         self, evictable: Mapping[str, Entry], positions: Mapping[str, list[int]], clock: RequestClock
     ) -> None:
-        super().__init__(evictable)
+        super().__init__(evictable, lambda entry: -self.next_request(entry.key))
         self._positions = positions
         self._clock = clock
 
@@ -123,12 +129,6 @@ class BeladyPolicy(LazyHeapOrder):
         uses = self._positions.get(key, ())
         i = bisect_right(uses, self._clock.pos)
         return uses[i] if i < len(uses) else _NEVER
-
-    def key(self, entry: Entry) -> float:
-        return -self.next_request(entry.key)
-
-    def rank(self, entry: Entry) -> tuple[int, int]:
-        return (-self.next_request(entry.key), entry.order)
 
 
 def replay_hits(

@@ -111,9 +111,7 @@ def prepare_model(args: argparse.Namespace, out: Path) -> Path:
     return write_tiny_qwen2_vl(out / f"model-{args.shape}", random_weights=False, shape=args.shape)
 
 
-def engine_args(
-    args: argparse.Namespace, model: Path, max_pixels: int, profile_dir: Path | None = None
-) -> dict[str, Any]:
+def engine_args(args: argparse.Namespace, model: Path, max_pixels: int, profile_dir: Path) -> dict[str, Any]:
     kw: dict[str, Any] = {
         "model": str(model),
         "load_format": "dummy",
@@ -132,7 +130,7 @@ def engine_args(
     }
     if args.gpu_memory_utilization:
         kw["gpu_memory_utilization"] = args.gpu_memory_utilization
-    if getattr(args, "profile_pass", "") and profile_dir is not None:
+    if args.profile_pass:
         # no Python stacks: they multiply the profiler's cost on the step thread
         kw["profiler_config"] = {
             "profiler": "torch",
