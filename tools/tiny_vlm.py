@@ -1,14 +1,14 @@
-"""Write a Qwen2-VL model directory (tiny, or 7B-sized) that vLLM loads with no downloads.
+"""Write a Qwen2-VL model directory (tiny, 2B- or 7B-sized) that vLLM loads with no downloads.
 
     python tools/tiny_vlm.py OUT_DIR [--random-weights] [--seed N]
-    python tools/tiny_vlm.py OUT_DIR --shape 7b
+    python tools/tiny_vlm.py OUT_DIR --shape 7b    # or --shape 2b
 
 Without --random-weights the directory holds config, tokenizer and preprocessor only; start the
 engine with ``load_format="dummy"``. With --random-weights it also holds real random weights
 (``Qwen2VLForConditionalGeneration(config).save_pretrained``, safetensors, bf16), so generated
 tokens depend on the image embeddings and the default ``load_format`` works.
 
-Shapes (``--shape``; both use the same tiny tokenizer and text vocab 512, so every id decodes):
+Shapes (``--shape``; all use the same tiny tokenizer and text vocab 512, so every id decodes):
 
 - ``tiny`` (default): hidden 128, 2 layers, 2 heads / 1 KV head (head_dim 64); vision depth 1,
   embed_dim 64, patch 14, merge 2. Images are resized into [56², 112²] pixels: a 100×80 image
@@ -19,6 +19,10 @@ Shapes (``--shape``; both use the same tiny tokenizer and text vocab 512, so eve
   [3136, 12845056]: an 896×672 image gives 32×24 = 768 image tokens (768×3584 bf16, 5.5 MB).
   Config only (about 13.6 GiB of bf16 weights when vLLM makes dummy ones); --random-weights is
   refused for it.
+- ``2b``: Qwen2-VL-2B's text shapes (hidden 1536, intermediate 8960, 28 layers, 12 heads / 2 KV
+  heads) with the very same vision encoder and pixel bounds as ``7b`` (merged into 1536): the
+  encoder is a larger share of a request. An 896×672 image gives 768×1536 bf16 (2.4 MB). Config
+  only, as ``7b``.
 
 Needs ``tokenizers`` (always) and ``torch`` + ``transformers`` (for --random-weights): run it with
 the vLLM venv's python (``.venv-vllm/bin/python``, see tools/setup_vllm_env.sh).
@@ -91,6 +95,22 @@ SHAPES = {
         layers=28,
         heads=28,
         kv_heads=4,
+        mrope_section=(16, 24, 24),
+        vision_depth=32,
+        vision_embed_dim=1280,
+        vision_heads=16,
+        vision_mlp_ratio=4,
+        min_pixels=3136,
+        max_pixels=12845056,
+        max_positions=32768,
+    ),
+    # Qwen2-VL-2B-Instruct's: the 7B's vision tower and pixel bounds, a 1.5B language model.
+    "2b": Shape(
+        hidden=1536,
+        intermediate=8960,
+        layers=28,
+        heads=12,
+        kv_heads=2,
         mrope_section=(16, 24, 24),
         vision_depth=32,
         vision_embed_dim=1280,
@@ -354,12 +374,12 @@ def main(argv: list[str] | None = None) -> int:
         "--shape",
         choices=sorted(SHAPES),
         default="tiny",
-        help="tiny (default) or 7b: Qwen2-VL-7B's text and vision shapes, config only",
+        help="tiny (default), 2b or 7b: Qwen2-VL-2B's or -7B's text and vision shapes, config only",
     )
     args = parser.parse_args(argv)
     if args.random_weights and args.shape != "tiny":
         parser.error(
-            "--random-weights is for --shape tiny only (start the 7b shape with load_format='dummy')"
+            "--random-weights is for --shape tiny only (start 2b and 7b with load_format='dummy')"
         )
     out = write_tiny_qwen2_vl(
         args.out_dir, random_weights=args.random_weights, seed=args.seed, shape=args.shape

@@ -416,7 +416,10 @@ def add_commands(p: argparse.ArgumentParser) -> None:
     r.add_argument("--out", required=True, help="folder for the run's JSON, logs and model")
     r.add_argument("--model", help="a model folder (default: write tools/tiny_vlm.py --shape SHAPE)")
     r.add_argument(
-        "--shape", choices=("tiny", "7b"), default="7b", help="model written when --model is absent"
+        "--shape",
+        choices=("tiny", "2b", "7b"),
+        default="7b",
+        help="model written when --model is absent (2b: the 7b's encoder, a 1.5B language model)",
     )
     r.add_argument("--mode", choices=("eager", "compiled"), default="eager", help="enforce_eager or not")
     r.add_argument(

@@ -8,6 +8,8 @@ upstream arm must come back skipped with that reason, the other arms measured.
 
 from __future__ import annotations
 
+import importlib.util
+import sys
 import uuid
 from pathlib import Path
 
@@ -35,6 +37,26 @@ def test_7b_image_sizes_give_the_documented_token_counts() -> None:
     assert image_tokens(100, 80, min_pixels=56 * 56, max_pixels=112 * 112) == 12  # the tiny model's
     with pytest.raises(ValueError, match="WIDTHxHEIGHT"):
         parse_size("896*672")
+
+
+def _model_writer():
+    path = Path(__file__).resolve().parents[2] / "tools" / "tiny_vlm.py"
+    spec = importlib.util.spec_from_file_location("tiny_vlm_under_test", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_2b_shape_keeps_the_7b_encoder_and_pixels_under_a_smaller_language_model() -> None:
+    writer = _model_writer()
+    two, seven = writer.config_dict("2b"), writer.config_dict("7b")
+    # the vision tower differs only in the width it merges into (the text hidden size)
+    assert {**two["vision_config"], "hidden_size": 0} == {**seven["vision_config"], "hidden_size": 0}
+    assert two["vision_config"]["hidden_size"] == two["text_config"]["hidden_size"] == 1536
+    assert two["text_config"]["num_attention_heads"] == 12 and two["text_config"]["num_key_value_heads"] == 2
+    assert writer.preprocessor_dict("2b") == writer.preprocessor_dict("7b")
+    assert parser().parse_args(["run", "--out", "x", "--shape", "2b"]).shape == "2b"
 
 
 def test_unique_never_repeats_and_only_its_warmup_is_unmeasured() -> None:
