@@ -17,6 +17,7 @@
 #   fleet-large       fleet-pressure at 1344x1008 (1728 tokens an image: the encoder a larger share); 1 round
 #   fleet-2b          the fleet's two shapes with the 2b model (the 7b's encoder, a 1.5B language model) and
 #                     a 219 MiB region per replica (97 of its 2.4 MB items, as 512 MiB holds of the 7b's); 1 round
+#   fleet-2b-large    fleet-2b at 1344x1008 (43 of its 5.3 MB items a region, as fleet-large's); 1 round
 #   compiled          unique, repeat, limit in compiled mode; 1 round, 48 a pass
 #   compiled-pressure pressure in compiled mode; 1 round
 #   compiled-epd      E->PD in compiled mode; 1 round
@@ -48,6 +49,8 @@ case "$CALL" in
                      --passes 3 --pressure-fill 600 --est-req-s 12) ;;
   fleet-2b) ARGS=(--shape 2b --region-mib 219 --mode eager --workloads fleet --rounds 1 --requests-per-pass 64
                   --passes 3 --pressure-fill 1200 --est-req-s 40) ;;
+  fleet-2b-large) ARGS=(--shape 2b --region-mib 219 --mode eager --images 1344x1008 --workloads fleet --rounds 1
+                        --requests-per-pass 64 --passes 3 --pressure-fill 600 --est-req-s 20) ;;
   compiled) ARGS=(--mode compiled --workloads unique,repeat,limit --rounds 1 --requests-per-pass 48) ;;
   compiled-pressure) ARGS=(--mode compiled --workloads pressure --rounds 1 --requests-per-pass 64 --passes 3
                            --pressure-fill 600 --est-req-s 17) ;;

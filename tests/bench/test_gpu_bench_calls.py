@@ -15,18 +15,12 @@ from tests.bench.serving_run import REPO, SCRIPT, bench_env
 from tests.integration.conftest import vllm_python  # noqa: F401  (fixture)
 
 TOOL = REPO / "tools" / "gpu_bench.sh"
-CALLS = (
-    "eager",
-    "pressure",
-    "epd",
-    "fleet",
-    "fleet-pressure",
-    "fleet-large",
-    "compiled",
-    "compiled-pressure",
-    "compiled-epd",
-    "small-images",
-    "small-profile",
+# every call of the script's `case` (so that a new one cannot go untested)
+CALLS = tuple(
+    name
+    for line in TOOL.read_text().splitlines()
+    if (m := re.match(r"\s+([a-z0-9|-]+)\) ARGS=", line))
+    for name in m.group(1).split("|")
 )
 
 
@@ -40,6 +34,11 @@ def test_the_budget_and_extra_arguments_reach_the_bench_after_the_calls_own() ->
     assert args[args.index("--budget-s") + 1] == "300"
     assert args[-2:] == ["--first-round", "3"] and args[args.index("--out") + 1] == "/tmp/bench-fleet"
     assert printed("epd")[printed("epd").index("--budget-s") + 1] == "470"
+
+
+def test_the_calls_are_read_from_the_scripts_case() -> None:
+    assert {"eager", "fleet-pressure", "fleet-2b", "fleet-2b-large", "small-profile"} <= set(CALLS)
+    assert len(CALLS) == len(set(CALLS)) >= 13
 
 
 def test_an_unknown_call_is_refused_naming_it() -> None:
