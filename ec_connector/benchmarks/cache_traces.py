@@ -36,7 +36,7 @@ from __future__ import annotations
 import itertools
 import math
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from ec_connector.benchmarks.serving_workload import build, pressure_ranking, zipf_draws
@@ -214,11 +214,20 @@ def engine_requests(
 
 
 def engine_trace(
-    requests: list[int], rows: int, num_blocks: int, name: str, rankings: tuple[Ranking, ...] = ()
+    requests: list[int],
+    rows: int | Sequence[int],
+    num_blocks: int,
+    name: str,
+    rankings: tuple[Ranking, ...] = (),
 ) -> Trace:
-    """One request a step, each one image (its seed) of `rows` blocks; saves never fail (the
-    serving bench's replay, serving_expected.py)."""
-    steps = tuple(Step(((i, (Item(str(seed), rows, False),)),), ()) for i, seed in enumerate(requests))
+    """One request a step, each one image (its seed) of `rows` blocks, or of `rows[i]` for request
+    i; saves never fail (the serving bench's replay, serving_expected.py)."""
+    sizes = [rows] * len(requests) if isinstance(rows, int) else list(rows)
+    if len(sizes) != len(requests):
+        raise ValueError(f"engine_trace: {len(sizes)} sizes for {len(requests)} requests")
+    steps = tuple(
+        Step(((i, (Item(str(seed), size, False),)),), ()) for i, (seed, size) in enumerate(zip(requests, sizes))
+    )
     return Trace(steps, 1, num_blocks, name, rankings)
 
 

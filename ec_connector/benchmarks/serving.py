@@ -142,6 +142,8 @@ def engine_args(args: argparse.Namespace, model: Path, max_pixels: int, profile_
 
 def workloads(args: argparse.Namespace, geometry: dict[str, int]) -> list[dict[str, Any]]:
     out = []
+    # what a tier arm's engine has served before each workload, in order (the limit is `none`'s)
+    served: list[tuple[dict[str, Any], int]] = []
     for size_text in args.images.split(","):
         size = parse_size(size_text)
         rows = image_tokens(*size, min_pixels=geometry["min_pixels"], max_pixels=geometry["max_pixels"])
@@ -171,9 +173,11 @@ def workloads(args: argparse.Namespace, geometry: dict[str, int]) -> list[dict[s
                     region = replicas * args.region_mib * MiB
                     policy = args.ours_extra.get("ec_eviction")
                     wd["notes"].update(
-                        serving_expected.expected(wd, item_bytes, region, replicas, rule, policy)
+                        serving_expected.expected(wd, item_bytes, region, replicas, rule, policy, served)
                     )
                 out.append(wd)
+                if not wl.stub_encoder:
+                    served.append((wd, item_bytes))
     return out
 
 
@@ -186,6 +190,8 @@ def plan_fill(notes: dict[str, Any]) -> str:
         "expected hit ratio on the measured passes (replay in our table, tier only): "
         + ", ".join(f"{k} {v:.3f}" for k, v in exp.items())
     )
+    if notes.get("expected_after_requests"):
+        line += f" (after the engine's {notes['expected_after_requests']} requests of the workloads before)"
     per = notes.get("expected_hit_ratio_per_replica")
     if per:
         line += "; a region per replica: " + ", ".join(f"{k} {v:.3f}" for k, v in per.items())

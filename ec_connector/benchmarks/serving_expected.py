@@ -9,6 +9,11 @@ through our EntryTable (replay.py's `replay_hits`, as bench/eviction.py does) wi
 count. Blocks are 7 KiB rows (a hidden-3584 bf16 model, cache_traces.ROW_BYTES): an image takes
 ceil(item bytes / 7 KiB) blocks, the region floor(region bytes / 7 KiB).
 
+An engine serves a run's workloads one after the other, so the region a workload meets holds what
+the earlier ones left: the replay serves those first (`history`), unmeasured, as the engine did.
+What they leave matters to a policy that keeps what was read: after `repeat`, `s3fifo`'s main
+queue holds the repeat pool's images, which a pressure fill pushes out only slowly.
+
 What the replay leaves out: vLLM's own GPU encoder cache (a few images; it adds hits to every
 arm, `none` included), requests in flight at once (a repeat of an image whose save has not
 landed encodes again), and failed saves. A measured ratio a little above the expected one is
@@ -32,10 +37,15 @@ ONLINE = ("fifo", "s3fifo")
 
 
 def hit_ratios(
-    requests: Sequence[int], count_from: int, rows: int, num_blocks: int, policies: Sequence[str] = ONLINE
+    requests: Sequence[int],
+    count_from: int,
+    rows: int | Sequence[int],
+    num_blocks: int,
+    policies: Sequence[str] = ONLINE,
 ) -> dict[str, float]:
     """Hit ratio of the requests from index `count_from` on, per policy (`policies`, then belady),
-    after the earlier ones were served in the same region."""
+    after the earlier ones were served in the same region; `rows`: every image's blocks, or each
+    request's."""
     trace = engine_trace(list(requests), rows, num_blocks, "serving")
     out = {}
     for policy in policies:
@@ -55,6 +65,7 @@ def expected(
     replicas: int = 1,
     rule: PullRule | None = None,
     ours_policy: str | None = None,
+    history: Sequence[tuple[dict[str, Any], int]] = (),
 ) -> dict[str, Any]:
     """Expected hit ratios of workload `wl` (Workload.to_dict()) on its measured passes: one region
     of `region_bytes` serving every request and, with `replicas` > 1, each replica's region
@@ -63,35 +74,43 @@ def expected(
     the pair pulling from each other (`expected_hit_ratio_fleet`: replay_pair.py, the pull `rule`
     the fleet's replicas run with (default: the shipped one) and copies evicted first; a pull counts
     as a hit, as the bench counts it). `ours_policy` (ours' `ec_eviction` when the run sets one) is
-    replayed in the one region beside ONLINE and recorded as `ours_eviction`."""
-    rows = max(1, math.ceil(item_bytes / ROW_BYTES))
-    passes = [list(p["seeds"]) for p in wl["passes"]]
-    first = next((n for n, p in enumerate(wl["passes"]) if p["measured"]), len(passes))
-    flat = [s for p in passes for s in p]
+    replayed in the one region beside ONLINE and recorded as `ours_eviction`. `history`: the
+    workloads, each with its item bytes, that the same engine served before this one, replayed
+    first and not counted (`expected_after_requests` records how many requests they were)."""
+    served = [(p, b) for w, b in history for p in w["passes"]] + [(p, item_bytes) for p in wl["passes"]]
+    passes = [list(p["seeds"]) for p, _ in served]
+    sizes = [[max(1, math.ceil(b / ROW_BYTES))] * len(p["seeds"]) for p, b in served]
+    first = len(served) - len(wl["passes"])
+    first += next((n for n, p in enumerate(wl["passes"]) if p["measured"]), len(wl["passes"]))
+    flat, flat_rows = [s for p in passes for s in p], [r for p in sizes for r in p]
+    skip = sum(map(len, passes[:first]))
     policies = ONLINE if ours_policy in (None, *ONLINE) else (*ONLINE, ours_policy)
-    whole = hit_ratios(flat, sum(map(len, passes[:first])), rows, region_bytes // ROW_BYTES, policies)
+    whole = hit_ratios(flat, skip, flat_rows, region_bytes // ROW_BYTES, policies)
     out: dict[str, Any] = {"expected_hit_ratio": _rounded(whole)}
+    if history:
+        out["expected_after_requests"] = sum(len(p["seeds"]) for w, _ in history for p in w["passes"])
     if ours_policy:
         out["ours_eviction"] = ours_policy
     if replicas > 1:
         per: dict[str, float] = dict.fromkeys(ONLINE, 0.0)
         counted = 0
         for k in range(replicas):
-            mine = [[s for i, s in enumerate(p) if replica_for(i, replicas) == k] for p in passes]
-            skip, n = sum(map(len, mine[:first])), sum(map(len, mine[first:]))
-            blocks = region_bytes // replicas // ROW_BYTES
-            ratios = hit_ratios([s for p in mine for s in p], skip, rows, blocks)
+            # each pass's requests routed as the client routes them, with their blocks
+            mine = [[i for i in range(len(p)) if replica_for(i, replicas) == k] for p in passes]
+            seeds = [passes[n][i] for n, idx in enumerate(mine) for i in idx]
+            rows = [sizes[n][i] for n, idx in enumerate(mine) for i in idx]
+            n_counted = sum(map(len, mine[first:]))
+            ratios = hit_ratios(seeds, sum(map(len, mine[:first])), rows, region_bytes // replicas // ROW_BYTES)
             for policy in ONLINE:
-                per[policy] += ratios[policy] * n
-            counted += n
+                per[policy] += ratios[policy] * n_counted
+            counted += n_counted
         out["expected_hit_ratio_per_replica"] = _rounded({p: v / max(1, counted) for p, v in per.items()})
         if replicas == 2:
             routes = [replica_for(i, replicas) for p in passes for i in range(len(p))]
             sides = [OursSide(region_bytes // replicas // ROW_BYTES) for _ in range(2)]
-            trace = engine_trace(flat, rows, 0, "serving")
-            measured_from = sum(map(len, passes[:first]))
+            trace = engine_trace(flat, flat_rows, 0, "serving")
             fleet = replay_pair(
-                trace, sides, share=True, rule=rule, count_from=measured_from, replica_of=routes.__getitem__
+                trace, sides, share=True, rule=rule, count_from=skip, replica_of=routes.__getitem__
             )
             out["expected_hit_ratio_fleet"] = {"s3fifo": round(fleet["hit_ratio"], 4)}
     return out

@@ -93,6 +93,34 @@ def test_the_pair_pulling_from_each_other_hits_what_the_other_replica_holds() ->
     assert "expected_hit_ratio_fleet" not in expected(passes([A], [A]), ITEM, ITEM)
 
 
+def test_the_replay_serves_what_the_engine_served_before_so_s3fifos_kept_reads_count() -> None:
+    def passes(*ps: list[int]) -> dict:
+        return {"passes": [{"seeds": p, "measured": n > 0} for n, p in enumerate(ps)]}
+
+    X, Y = 10, 11
+    before = passes([X, Y], [X, Y], [Y, X])  # a repeat workload: X and Y read twice each
+    cycle = passes([A, B, C, A, B, C, A, B], [A, B, C, A, B, C])
+    fresh = expected(cycle, ITEM, 3 * ITEM)
+    assert fresh["expected_hit_ratio"] == {"fifo": 1.0, "s3fifo": 1.0, "belady": 1.0}
+    assert "expected_after_requests" not in fresh
+    # in a region of three images X and Y, read before, hold S3-FIFO's main queue: A, B and C
+    # take turns in the one place left, never read there; FIFO has long let X and Y go
+    after = expected(cycle, ITEM, 3 * ITEM, history=[(before, ITEM)])
+    assert after["expected_hit_ratio"] == {"fifo": 1.0, "s3fifo": 0.0, "belady": 1.0}
+    assert after["expected_after_requests"] == 6
+    assert "(after the engine's 6 requests of the workloads before)" in plan_fill(
+        {**after, "fill_requests": 8, "fill_rule": "given", "distinct_before_measured": 3}
+    )
+    # the history's items count with their own size: a history of half-size items leaves room
+    half = expected(cycle, ITEM, 3 * ITEM, history=[(before, ITEM // 2)])
+    assert half["expected_hit_ratio"]["s3fifo"] > 0.0
+
+
+def test_a_replay_of_requests_and_sizes_of_different_lengths_is_refused() -> None:
+    with pytest.raises(ValueError, match="2 sizes for 3 requests"):
+        hit_ratios([A, B, C], 0, [768, 768], 4 * 768)
+
+
 def test_the_run_records_the_fill_and_the_expected_ratios_in_the_workload_notes() -> None:
     args = parser().parse_args(
         ["run", "--out", "/tmp/unused", "--workloads", "unique,pressure", "--region-mib", "64"]
@@ -107,7 +135,10 @@ def test_the_run_records_the_fill_and_the_expected_ratios_in_the_workload_notes(
     line = plan_fill(notes)
     assert line.startswith(f"fill {notes['fill_requests']} requests (auto: 36 distinct images), 36 distinct")
     assert f"belady {exp['belady']:.3f}" in line
-    fleet = workloads(argparse.Namespace(**{**vars(args), "workloads": "fleet"}), geometry)[1]
+    # the engine serves unique first: the replay of pressure serves its requests before the fill
+    assert notes["expected_after_requests"] == sum(len(p["seeds"]) for p in unique["passes"])
+    repeat, fleet = workloads(argparse.Namespace(**{**vars(args), "workloads": "fleet"}), geometry)
+    assert fleet["notes"]["expected_after_requests"] == sum(len(p["seeds"]) for p in repeat["passes"]) > 0
     assert fleet["notes"]["distinct_before_measured"] == 72  # 3x the fleet's 24 images
     assert set(fleet["notes"]["expected_hit_ratio_per_replica"]) == {"fifo", "s3fifo"}
     assert "a region per replica: fifo" in plan_fill(fleet["notes"])
