@@ -23,7 +23,11 @@ no save fails, a pool of `ENGINE_POOL` images, the serving bench's own Zipf samp
 (`serving_workload.build`, `zipf_draws`):
 
 - `engine0.6`, `engine0.8`, `engine1.0`: Zipf alpha over the pool, stationary;
-- `engine-drift`: Zipf 0.8 whose ranking is drawn afresh every `ENGINE_DRIFT_EVERY` requests.
+- `engine-drift`: Zipf 0.8 whose ranking is drawn afresh every `ENGINE_DRIFT_EVERY` requests;
+- `engine-swap` (`SWAP_SOURCES`, replayed only when named): the serving bench's repeat workload
+  first (`SWAP_POOL` images, each requested `SWAP_ROUNDS` times, a fresh shuffle a round), then
+  `engine0.8` over other images: the working set changes whole, as when one engine serves the
+  bench's repeat and then its pressure workload.
 
 Few, equal, large items: a region of 10-25% of the footprint holds 40-100 of them, so a policy
 makes a few hundred evictions a trace where the other traces make tens of thousands.
@@ -52,10 +56,13 @@ SCAN_EVERY = 40  # steps between bursts of one-hit images
 DRIFT_EVERY = 500  # steps between re-rankings of the `drift` trace's pool
 SOURCES = ("compare", "zipf0.6", "zipf0.8", "zipf1.0", "scan", "mixed", "drift")
 ENGINE_SOURCES = ("engine0.6", "engine0.8", "engine1.0", "engine-drift")
+SWAP_SOURCES = ("engine-swap",)  # engine-shaped too, run when named (`bench/eviction.py --traces`)
 ENGINE_SIZE = (896, 672)  # the serving bench's image: 768 tokens on Qwen2-VL-7B
 ENGINE_ROWS = 768
 ENGINE_POOL = 400  # images; the H200 pressure run drew from 391 (4x a 512 MiB region)
 ENGINE_DRIFT_EVERY = 500  # requests between re-rankings of `engine-drift` (1.25 pools' worth)
+SWAP_POOL = 64  # `engine-swap`'s first working set: the serving bench's repeat pool
+SWAP_ROUNDS = 4  # its fill and three measured passes
 
 
 @dataclass(frozen=True, slots=True)
@@ -170,7 +177,9 @@ def _source(name: str, rng: random.Random, pool: int, rankings: list[Ranking]) -
     if name == "mixed":
         lo, hi = math.log(64), math.log(MAX_ROWS)
         return _zipf_source(rng, 0.8, pool, lambda: int(math.exp(rng.uniform(lo, hi))), rankings)
-    raise ValueError(f"unknown trace {name!r}: expected one of {', '.join(SOURCES + ENGINE_SOURCES)}")
+    raise ValueError(
+        f"unknown trace {name!r}: expected one of {', '.join(SOURCES + ENGINE_SOURCES + SWAP_SOURCES)}"
+    )
 
 
 def engine_requests(
@@ -192,8 +201,26 @@ def engine_requests(
             count = min(ENGINE_DRIFT_EVERY, steps - len(out))
             out.extend(images[k] for k in zipf_draws(rng, pool, count, 0.8))
         return out
+    if source == "engine-swap":
+        repeat = build(
+            "repeat",
+            ENGINE_SIZE,
+            requests=SWAP_POOL,
+            passes=SWAP_ROUNDS - 1,
+            item_bytes=1,
+            region_bytes=SWAP_POOL,
+            repeat_pool=SWAP_POOL,
+            seed=seed,
+        )
+        first = [s for p in repeat.passes for s in p.seeds][:steps]
+        found.append((0, 0.0, tuple(str(i) for i in sorted(set(first)))))
+        rest = engine_requests(steps=steps - len(first), source="engine0.8", seed=seed, pool=pool)
+        if rest:
+            found.append((len(first), 0.8, tuple(str(i) for i in pressure_ranking(ENGINE_SIZE, pool, seed))))
+        return first + rest
     if source not in ENGINE_SOURCES:
-        raise ValueError(f"unknown engine trace {source!r}: expected one of {', '.join(ENGINE_SOURCES)}")
+        known = ", ".join(ENGINE_SOURCES + SWAP_SOURCES)
+        raise ValueError(f"unknown engine trace {source!r}: expected one of {known}")
     fill = max(1, steps // 4)
     item_bytes = ENGINE_ROWS * ROW_BYTES
     zipf = float(source[len("engine") :])
@@ -226,7 +253,8 @@ def engine_trace(
     if len(sizes) != len(requests):
         raise ValueError(f"engine_trace: {len(sizes)} sizes for {len(requests)} requests")
     steps = tuple(
-        Step(((i, (Item(str(seed), size, False),)),), ()) for i, (seed, size) in enumerate(zip(requests, sizes))
+        Step(((i, (Item(str(seed), size, False),)),), ())
+        for i, (seed, size) in enumerate(zip(requests, sizes, strict=True))
     )
     return Trace(steps, 1, num_blocks, name, rankings)
 
@@ -239,7 +267,7 @@ def make_trace(
     `source` (`ENGINE_SOURCES`) ignores `live`: one request a step (`pool` 0: `ENGINE_POOL`).
     Deterministic for its arguments."""
     rankings: list[Ranking] = []
-    if source in ENGINE_SOURCES:
+    if source in ENGINE_SOURCES + SWAP_SOURCES:
         requests = engine_requests(
             steps=steps, source=source, seed=seed, pool=pool or ENGINE_POOL, rankings=rankings
         )

@@ -100,7 +100,8 @@ def expected(
             seeds = [passes[n][i] for n, idx in enumerate(mine) for i in idx]
             rows = [sizes[n][i] for n, idx in enumerate(mine) for i in idx]
             n_counted = sum(map(len, mine[first:]))
-            ratios = hit_ratios(seeds, sum(map(len, mine[:first])), rows, region_bytes // replicas // ROW_BYTES)
+            blocks = region_bytes // replicas // ROW_BYTES
+            ratios = hit_ratios(seeds, sum(map(len, mine[:first])), rows, blocks)
             for policy in ONLINE:
                 per[policy] += ratios[policy] * n_counted
             counted += n_counted

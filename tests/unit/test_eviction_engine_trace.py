@@ -12,6 +12,8 @@ from ec_connector.benchmarks.cache_traces import (
     ENGINE_SIZE,
     ENGINE_SOURCES,
     ROW_BYTES,
+    SWAP_POOL,
+    SWAP_ROUNDS,
     Trace,
     engine_requests,
     make_trace,
@@ -21,7 +23,7 @@ from ec_connector.benchmarks.serving_expected import hit_ratios
 from ec_connector.benchmarks.serving_workload import build
 
 
-@pytest.mark.parametrize("source", ENGINE_SOURCES)
+@pytest.mark.parametrize("source", (*ENGINE_SOURCES, "engine-swap"))
 def test_one_request_a_step_one_768_row_image_each_and_no_failed_save(source):
     trace = make_trace(steps=300, live=256, num_blocks=0, seed=4, source=source, pool=60)
     assert len(trace.steps) == 300
@@ -29,7 +31,7 @@ def test_one_request_a_step_one_768_row_image_each_and_no_failed_save(source):
     items = trace.items()
     assert {item.rows for item in items} == {ENGINE_ROWS}
     assert not any(item.fails for item in items)
-    assert len({item.key for item in items}) <= 60
+    assert len({item.key for item in items}) <= 60 + (SWAP_POOL if source == "engine-swap" else 0)
     assert (
         trace.items() == make_trace(steps=300, live=1, num_blocks=0, seed=4, source=source, pool=60).items()
     )
@@ -64,6 +66,21 @@ def test_the_drifting_trace_moves_its_most_requested_images_at_each_re_ranking()
         tops.append({i for _, i in counts[:10]})
     for a, b in zip(tops, tops[1:], strict=False):
         assert len(a & b) <= 4  # a fresh ranking: at most a few of the top ten stay on top
+
+
+def test_the_swap_trace_serves_the_repeat_pool_rounds_then_zipf_over_other_images():
+    rankings: list = []
+    requests = engine_requests(steps=1000, source="engine-swap", seed=2, pool=120, rankings=rankings)
+    first, rest = requests[: SWAP_POOL * SWAP_ROUNDS], requests[SWAP_POOL * SWAP_ROUNDS :]
+    assert len(requests) == 1000 and not set(first) & set(rest)
+    for k in range(SWAP_ROUNDS):  # each round a shuffle of the whole pool
+        assert len(set(first[k * SWAP_POOL : (k + 1) * SWAP_POOL])) == SWAP_POOL
+    assert rest == engine_requests(steps=len(rest), source="engine0.8", seed=2, pool=120)
+    assert [(start, alpha, len(keys)) for start, alpha, keys in rankings] == [
+        (0, 0.0, SWAP_POOL),
+        (SWAP_POOL * SWAP_ROUNDS, 0.8, 120),
+    ]
+    assert engine_requests(steps=100, source="engine-swap", seed=2) == first[:100]
 
 
 @pytest.mark.parametrize("policy", ["fifo", "s3fifo", "lecar"])
