@@ -9,7 +9,15 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ec_connector.domain.cache import EntryTable
-from ec_connector.domain.eviction import FIFO, POLICIES, S3FIFO, make_policy
+from ec_connector.domain.eviction import (
+    FIFO,
+    GHOST_SHARE,
+    MAX_READS,
+    POLICIES,
+    S3FIFO,
+    SMALL_SHARE,
+    make_policy,
+)
 
 LEASE = 100.0
 SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -216,8 +224,8 @@ class S3Model:
     """S3-FIFO written plainly: lists scanned front to back, no stamps, no lazy deletion."""
 
     def __init__(self, num_blocks: int) -> None:
-        self.small_target = max(1, int(num_blocks * 0.10))
-        self.ghost_limit = max(1, int(num_blocks * 0.25))
+        self.small_target = max(1, int(num_blocks * SMALL_SHARE))
+        self.ghost_limit = max(1, int(num_blocks * GHOST_SHARE))
         self.free = num_blocks
         self.small: list[str] = []
         self.main: list[str] = []
@@ -248,7 +256,7 @@ class S3Model:
         return evicted
 
     def read(self, key: str) -> None:
-        self.reads[key] = min(7, self.reads[key] + 1)
+        self.reads[key] = min(MAX_READS, self.reads[key] + 1)
 
     def _small(self) -> str | None:
         while self.small:
