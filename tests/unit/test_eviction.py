@@ -145,6 +145,25 @@ def test_s3fifo_a_key_evicted_from_the_small_queue_comes_back_into_the_main_queu
     assert "a" in table and "c" not in table
 
 
+def test_s3fifo_remembers_evicted_keys_up_to_its_ghost_share_of_the_region():
+    # ten 10-block entries fill 100 blocks; b..j are read, so they move to the main queue when the
+    # small queue next turns over. The ghost keeps 40 blocks of keys: a, k and l (30) all stay in
+    # it, so "a" comes back into the main queue and the empty small queue sends the next victim
+    # to the main queue's head, "b". With a ghost of 25 blocks "a" would have been forgotten,
+    # rejoined the small queue unread and been evicted again.
+    assert GHOST_SHARE == 0.40
+    table = EntryTable(100, eviction=S3FIFO)
+    for key in "abcdefghij":
+        _ready(table, key, 10)
+    for key in "bcdefghij":
+        _read(table, key)
+    victims = []
+    for key in "klman":
+        victims += _evicted(table, key, 10)
+        table.mark_ready(key)
+    assert victims == ["a", "k", "l", "m", "b"]
+
+
 def test_s3fifo_the_main_queue_evicts_the_first_entry_not_read_since_it_last_went_round():
     table = EntryTable(40, eviction=S3FIFO)
     for key in "abcd":
