@@ -49,7 +49,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.cache_sides import BaselineSide, OursSide  # noqa: E402
-from bench.cache_traces import ENGINE_SOURCES, SOURCES, SWAP_SOURCES, Trace, make_trace  # noqa: E402
+from bench.cache_traces import ENGINE_SOURCES, SOURCES, TRACES, Trace, make_trace  # noqa: E402
 from bench.eviction_arc import ArcPolicy  # noqa: E402
 from bench.eviction_candidates import ClockPolicy, Settings, TinyLfuS3FifoPolicy, policy_settings  # noqa: E402
 from bench.eviction_hyperbolic import is_candidate, make_candidate  # noqa: E402
@@ -310,12 +310,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true", help="1000 steps a trace (default 4000)")
     ap.add_argument("--steps", type=int, default=None)
     ap.add_argument("--seed", type=int, default=8)
-    ap.add_argument(
-        "--traces",
-        nargs="+",
-        choices=SOURCES + ENGINE_SOURCES + SWAP_SOURCES,
-        default=list(SOURCES + ENGINE_SOURCES),
-    )
+    ap.add_argument("--traces", nargs="+", choices=TRACES, default=list(SOURCES + ENGINE_SOURCES))
     ap.add_argument("--policies", nargs="+", default=None, help="online policies to replay")
     ap.add_argument("--no-offline", action="store_true", help="leave out belady, popularity and the bound")
     ap.add_argument("--json", metavar="PATH")

@@ -57,6 +57,8 @@ DRIFT_EVERY = 500  # steps between re-rankings of the `drift` trace's pool
 SOURCES = ("compare", "zipf0.6", "zipf0.8", "zipf1.0", "scan", "mixed", "drift")
 ENGINE_SOURCES = ("engine0.6", "engine0.8", "engine1.0", "engine-drift")
 SWAP_SOURCES = ("engine-swap",)  # engine-shaped too, run when named (`bench/eviction.py --traces`)
+ENGINE_SHAPED = ENGINE_SOURCES + SWAP_SOURCES
+TRACES = SOURCES + ENGINE_SHAPED  # every trace `make_trace` knows
 ENGINE_SIZE = (896, 672)  # the serving bench's image: 768 tokens on Qwen2-VL-7B
 ENGINE_ROWS = 768
 ENGINE_POOL = 400  # images; the H200 pressure run drew from 391 (4x a 512 MiB region)
@@ -177,9 +179,7 @@ def _source(name: str, rng: random.Random, pool: int, rankings: list[Ranking]) -
     if name == "mixed":
         lo, hi = math.log(64), math.log(MAX_ROWS)
         return _zipf_source(rng, 0.8, pool, lambda: int(math.exp(rng.uniform(lo, hi))), rankings)
-    raise ValueError(
-        f"unknown trace {name!r}: expected one of {', '.join(SOURCES + ENGINE_SOURCES + SWAP_SOURCES)}"
-    )
+    raise ValueError(f"unknown trace {name!r}: expected one of {', '.join(TRACES)}")
 
 
 def engine_requests(
@@ -202,6 +202,7 @@ def engine_requests(
             out.extend(images[k] for k in zipf_draws(rng, pool, count, 0.8))
         return out
     if source == "engine-swap":
+        # the serving bench's repeat workload with its pool given (sizes play no part then)
         repeat = build(
             "repeat",
             ENGINE_SIZE,
@@ -214,13 +215,16 @@ def engine_requests(
         )
         first = [s for p in repeat.passes for s in p.seeds][:steps]
         found.append((0, 0.0, tuple(str(i) for i in sorted(set(first)))))
-        rest = engine_requests(steps=steps - len(first), source="engine0.8", seed=seed, pool=pool)
-        if rest:
-            found.append((len(first), 0.8, tuple(str(i) for i in pressure_ranking(ENGINE_SIZE, pool, seed))))
+        if steps == len(first):
+            return first
+        later: list[Ranking] = []
+        rest = engine_requests(
+            steps=steps - len(first), source="engine0.8", seed=seed, pool=pool, rankings=later
+        )
+        found.extend((start + len(first), alpha, keys) for start, alpha, keys in later)
         return first + rest
     if source not in ENGINE_SOURCES:
-        known = ", ".join(ENGINE_SOURCES + SWAP_SOURCES)
-        raise ValueError(f"unknown engine trace {source!r}: expected one of {known}")
+        raise ValueError(f"unknown engine trace {source!r}: expected one of {', '.join(ENGINE_SHAPED)}")
     fill = max(1, steps // 4)
     item_bytes = ENGINE_ROWS * ROW_BYTES
     zipf = float(source[len("engine") :])
@@ -267,7 +271,7 @@ def make_trace(
     `source` (`ENGINE_SOURCES`) ignores `live`: one request a step (`pool` 0: `ENGINE_POOL`).
     Deterministic for its arguments."""
     rankings: list[Ranking] = []
-    if source in ENGINE_SOURCES + SWAP_SOURCES:
+    if source in ENGINE_SHAPED:
         requests = engine_requests(
             steps=steps, source=source, seed=seed, pool=pool or ENGINE_POOL, rankings=rankings
         )

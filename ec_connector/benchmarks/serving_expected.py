@@ -78,37 +78,34 @@ def expected(
     workloads, each with its item bytes, that the same engine served before this one, replayed
     first and not counted (`expected_after_requests` records how many requests they were)."""
     served = [(p, b) for w, b in history for p in w["passes"]] + [(p, item_bytes) for p in wl["passes"]]
-    passes = [list(p["seeds"]) for p, _ in served]
-    sizes = [[max(1, math.ceil(b / ROW_BYTES))] * len(p["seeds"]) for p, b in served]
     first = len(served) - len(wl["passes"])
     first += next((n for n, p in enumerate(wl["passes"]) if p["measured"]), len(wl["passes"]))
-    flat, flat_rows = [s for p in passes for s in p], [r for p in sizes for r in p]
-    skip = sum(map(len, passes[:first]))
+    # every request the engine served, in order: its image, its blocks and (round-robin) its replica
+    flat = [s for p, _ in served for s in p["seeds"]]
+    flat_rows = [max(1, math.ceil(b / ROW_BYTES)) for p, b in served for _ in p["seeds"]]
+    routes = [replica_for(i, replicas) for p, _ in served for i in range(len(p["seeds"]))]
+    skip = sum(len(p["seeds"]) for p, _ in served[:first])
     policies = ONLINE if ours_policy in (None, *ONLINE) else (*ONLINE, ours_policy)
     whole = hit_ratios(flat, skip, flat_rows, region_bytes // ROW_BYTES, policies)
     out: dict[str, Any] = {"expected_hit_ratio": _rounded(whole)}
     if history:
-        out["expected_after_requests"] = sum(len(p["seeds"]) for w, _ in history for p in w["passes"])
+        out["expected_after_requests"] = len(flat) - sum(len(p["seeds"]) for p in wl["passes"])
     if ours_policy:
         out["ours_eviction"] = ours_policy
     if replicas > 1:
+        blocks = region_bytes // replicas // ROW_BYTES
         per: dict[str, float] = dict.fromkeys(ONLINE, 0.0)
         counted = 0
         for k in range(replicas):
-            # each pass's requests routed as the client routes them, with their blocks
-            mine = [[i for i in range(len(p)) if replica_for(i, replicas) == k] for p in passes]
-            seeds = [passes[n][i] for n, idx in enumerate(mine) for i in idx]
-            rows = [sizes[n][i] for n, idx in enumerate(mine) for i in idx]
-            n_counted = sum(map(len, mine[first:]))
-            blocks = region_bytes // replicas // ROW_BYTES
-            ratios = hit_ratios(seeds, sum(map(len, mine[:first])), rows, blocks)
+            mine = [i for i, r in enumerate(routes) if r == k]
+            before = sum(1 for i in mine if i < skip)
+            ratios = hit_ratios([flat[i] for i in mine], before, [flat_rows[i] for i in mine], blocks)
             for policy in ONLINE:
-                per[policy] += ratios[policy] * n_counted
-            counted += n_counted
+                per[policy] += ratios[policy] * (len(mine) - before)
+            counted += len(mine) - before
         out["expected_hit_ratio_per_replica"] = _rounded({p: v / max(1, counted) for p, v in per.items()})
         if replicas == 2:
-            routes = [replica_for(i, replicas) for p in passes for i in range(len(p))]
-            sides = [OursSide(region_bytes // replicas // ROW_BYTES) for _ in range(2)]
+            sides = [OursSide(blocks) for _ in range(2)]
             trace = engine_trace(flat, flat_rows, 0, "serving")
             fleet = replay_pair(
                 trace, sides, share=True, rule=rule, count_from=skip, replica_of=routes.__getitem__
