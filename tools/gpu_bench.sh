@@ -18,6 +18,10 @@
 #   fleet-2b          the fleet's two shapes with the 2b model (the 7b's encoder, a 1.5B language model) and
 #                     a 219 MiB region per replica (97 of its 2.4 MB items, as 512 MiB holds of the 7b's); 1 round
 #   fleet-2b-large    fleet-2b at 1344x1008 (43 of its 5.3 MB items a region, as fleet-large's); 1 round
+#   fleet-2b-xl       fleet-pressure with the 2b model at 1792x1344 (3072 tokens, 9.4 MB an item: the encoder
+#                     most of a request), each replica's region a quarter of the pool (48 of 195); 1 round
+#   pressure-2b-xl    pressure with the 2b model at 1792x1344, arms none, upstream, ours, a 219 MiB region
+#                     (24 of 195 images, 12%); 2 rounds
 #   compiled          unique, repeat, limit in compiled mode; 1 round, 48 a pass
 #   compiled-pressure pressure in compiled mode; 1 round
 #   compiled-epd      E->PD in compiled mode; 1 round
@@ -51,6 +55,12 @@ case "$CALL" in
                   --passes 3 --pressure-fill 1200 --est-req-s 40) ;;
   fleet-2b-large) ARGS=(--shape 2b --region-mib 219 --mode eager --images 1344x1008 --workloads fleet --rounds 1
                         --requests-per-pass 64 --passes 3 --pressure-fill 600 --est-req-s 20) ;;
+  fleet-2b-xl) ARGS=(--shape 2b --region-mib 440 --pressure-pool 195 --mode eager --images 1792x1344
+                     --max-model-len 4096 --workloads fleet-pressure --rounds 1 --requests-per-pass 64 --passes 3
+                     --pressure-fill 600 --est-req-s 15) ;;
+  pressure-2b-xl) ARGS=(--shape 2b --region-mib 219 --pressure-pool 195 --mode eager --images 1792x1344
+                        --max-model-len 4096 --workloads pressure --arms none,upstream,ours --rounds 2
+                        --requests-per-pass 64 --passes 3 --pressure-fill 600 --est-req-s 15) ;;
   compiled) ARGS=(--mode compiled --workloads unique,repeat,limit --rounds 1 --requests-per-pass 48) ;;
   compiled-pressure) ARGS=(--mode compiled --workloads pressure --rounds 1 --requests-per-pass 64 --passes 3
                            --pressure-fill 600 --est-req-s 17) ;;
