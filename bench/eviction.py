@@ -29,7 +29,9 @@ Offline references:
 `bound` (a lower bound on every policy's miss ratio; bench/eviction_offline.py), and
 `popularity` (the item of least request rate per block in the current popularity regime first,
 from the trace generator's own rankings: what knowing the items' rates, not the order, gives;
-bench/eviction_offline.py). The driver
+bench/eviction_offline.py), and `posterior` (online, knowing the trace's law, not its ranking:
+the item of least posterior mean request rate per block first, learnt from every request seen
+since the last re-ranking; bench/eviction_offline.py). The driver
 (replay.py's `replay_hits`) is compare_cache's step loop without the per-step lookups of live
 items (they change no state): per step, saves become ready (1% fail) and
 loads unpin, then each arriving item is looked up: ready -> a hit (pinned for a step), absent ->
@@ -53,7 +55,13 @@ from bench.cache_traces import ENGINE_SOURCES, SOURCES, TRACES, Trace, make_trac
 from bench.eviction_arc import ArcPolicy  # noqa: E402
 from bench.eviction_candidates import ClockPolicy, Settings, TinyLfuS3FifoPolicy, policy_settings  # noqa: E402
 from bench.eviction_hyperbolic import is_candidate, make_candidate  # noqa: E402
-from bench.eviction_offline import PopularityPolicy, miss_ratio_bound, popularity_of  # noqa: E402
+from bench.eviction_offline import (  # noqa: E402
+    PopularityPolicy,
+    PosteriorPolicy,
+    laws_of,
+    miss_ratio_bound,
+    popularity_of,
+)
 from bench.eviction_wtinylfu import WTinyLfuPolicy  # noqa: E402
 from bench.vllm_baseline import BaselineUnavailable, load  # noqa: E402
 from ec_connector.benchmarks.output import pyplot, write_json  # noqa: E402
@@ -140,6 +148,14 @@ def _popularity(num_blocks: int, trace: Trace, clock: RequestClock) -> OursSide:
     return side
 
 
+def _posterior(num_blocks: int, trace: Trace, laws: list[tuple[float, int]], clock: RequestClock) -> OursSide:
+    side = OursSide(num_blocks)
+    regimes, _ = popularity_of(trace)
+    keys = [item.key for item in trace.items()]
+    side.table._policy = PosteriorPolicy(side.table._evictable, keys, regimes, laws, clock)
+    return side
+
+
 def _belady(num_blocks: int, positions: dict[str, list[int]], clock: RequestClock) -> OursSide:
     side = OursSide(num_blocks)
     side.table._policy = BeladyPolicy(side.table._evictable, positions, clock)
@@ -171,6 +187,7 @@ def run(
         distinct = len({item.key for item in probe.items()})
         total = len(probe.items())
         positions = request_positions(probe)
+        laws = laws_of(probe) if offline else None  # the law `posterior` knows (none for scan, compare)
         rows: dict[str, Any] = {
             "footprint_blocks": footprint,
             "items": total,
@@ -187,6 +204,9 @@ def run(
                 if trace.rankings:  # the generator's popularity (none for `compare`)
                     clock = RequestClock()
                     cell["popularity"] = replay_hits(_popularity(num_blocks, trace, clock), trace, clock)
+                if laws is not None:
+                    clock = RequestClock()
+                    cell["posterior"] = replay_hits(_posterior(num_blocks, trace, laws, clock), trace, clock)
                 cell["bound"] = miss_ratio_bound(trace, num_blocks)
             rows["by_fraction"][f"{frac:.2f}"] = cell
             say(f"{name} {frac:.2f}: " + " ".join(f"{p}={c['miss_ratio']:.3f}" for p, c in cell.items()))
@@ -255,7 +275,7 @@ def _cell(c: dict) -> str:
     return f"{c['miss_ratio']:>11.3f}/{byte}"
 
 
-OFFLINE_STYLES = {"belady": "--", "popularity": "-.", "bound": ":"}
+OFFLINE_STYLES = {"belady": "--", "popularity": "-.", "posterior": (0, (5, 1, 1, 1)), "bound": ":"}
 
 
 def plot(res: dict, path: str) -> None:
@@ -297,7 +317,8 @@ def plot(res: dict, path: str) -> None:
     where.legend(handles, labels, loc="center" if spare else "best", fontsize=9)
     fig.suptitle(
         "Miss ratio against region size per eviction policy (our EntryTable; vllm: EmbeddingCache)\n"
-        "belady: offline; popularity: knows the rates, not the order; bound: no policy goes below"
+        "belady: offline; popularity: knows the rates, not the order; posterior: knows the law, learns "
+        "the rates; bound: no policy goes below"
     )
     fig.tight_layout()
     Path(path).parent.mkdir(parents=True, exist_ok=True)
@@ -312,7 +333,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=8)
     ap.add_argument("--traces", nargs="+", choices=TRACES, default=list(SOURCES + ENGINE_SOURCES))
     ap.add_argument("--policies", nargs="+", default=None, help="online policies to replay")
-    ap.add_argument("--no-offline", action="store_true", help="leave out belady, popularity and the bound")
+    ap.add_argument(
+        "--no-offline", action="store_true", help="leave out belady, popularity, posterior and the bound"
+    )
     ap.add_argument("--json", metavar="PATH")
     ap.add_argument("--plot", metavar="PATH", help="PNG (needs matplotlib)")
     args = ap.parse_args(argv)

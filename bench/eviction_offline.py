@@ -27,6 +27,20 @@ And one that knows less:
   their adaptive forms) learns those rates from the requests it has seen. If `popularity` misses
   more than 0.85x `fifo`, no policy that learns rates meets the target there.
 
+And one between those two and the online policies:
+
+- `posterior`: an online order that knows the trace's law but not the ranking: each regime's Zipf
+  exponent, its pool size and when it starts (a regime's ranking is a fresh shuffle of the pool,
+  so every key is equally likely to hold any rank), and counts every request it has seen. The
+  evictable entry whose posterior mean request probability per block is lowest goes first: the
+  mean over the regime's rank probabilities `p_k`, weighted by `p_k^n (1 - p_k)^(N - n)` for a
+  key requested `n` times in the regime's `N` requests so far. Requests are drawn independently
+  and every request is seen whether or not it hits, so nothing is gained by exploring: this is the
+  best an online policy can do on such a trace to within the approximations of A0 (the rank
+  probabilities treated as independent between keys, the posterior's next request only). If
+  `posterior` misses more than 0.85x `fifo`, no online policy meets the target there. It needs
+  every requested key to be in its regime's ranking (not `scan`, whose one-offs are in none).
+
 Counting follows bench/eviction.py's driver: requests for one item within one step form a group;
 a group is a hit (each of its requests counts as one) or a miss (its first request is a miss, the
 others wait for the save and are not counted). The bound takes the most hit groups and the most
@@ -36,7 +50,10 @@ the run floor, which can only lower it too.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Container, Mapping
+
+import numpy as np
 
 from bench.cache_traces import Trace
 from ec_connector.benchmarks.replay import BeladyPolicy, LazyHeapOrder, RequestClock, request_positions
@@ -47,6 +64,7 @@ from ec_connector.domain.entries import Entry
 __all__ = [
     "BeladyPolicy",
     "PopularityPolicy",
+    "PosteriorPolicy",
     "RequestClock",
     "miss_ratio_bound",
     "popularity_of",
@@ -111,6 +129,109 @@ class PopularityPolicy(LazyHeapOrder):
         if regime != self._regime:
             self._regime = regime
             self._rekey()
+
+
+def laws_of(trace: Trace) -> list[tuple[float, int]] | None:
+    """Each regime's (Zipf exponent, pool size), or None when a requested key is in no ranking
+    of its regime (a one-off: the law would need its share too)."""
+    regimes, _ = popularity_of(trace)
+    ranked = [frozenset(keys) for _, _, keys in trace.rankings]
+    if not ranked or any(item.key not in ranked[r] for r, item in zip(regimes, trace.items(), strict=True)):
+        return None
+    return [(alpha, len(keys)) for _, alpha, keys in trace.rankings]
+
+
+class PosteriorPolicy:
+    """Online, knowing the trace's law: the evictable entry of lowest posterior mean request
+    probability per block goes first, the oldest queued first among equals (module docstring).
+    It counts the requests up to the driver's clock itself, so the table's calls carry nothing."""
+
+    name = "posterior"
+
+    def __init__(
+        self,
+        evictable: Mapping[str, Entry],
+        keys: list[str],
+        regimes: list[int],
+        laws: list[tuple[float, int]],
+        clock: RequestClock,
+    ) -> None:
+        self._evictable = evictable
+        self._keys = keys  # the key of each request, by position: read up to the clock only
+        self._regimes = regimes
+        self._probs = []
+        for alpha, pool in laws:
+            weights = 1.0 / np.arange(1, pool + 1, dtype=np.float64) ** alpha
+            self._probs.append(weights / weights.sum())
+        self._clock = clock
+        self._counted = -1  # the last position counted
+        self._regime = 0
+        self._start = 0  # the current regime's first position
+        self._counts: dict[str, int] = {}  # requests of each key in the current regime so far
+        self._means: dict[int, float] = {}  # n -> posterior mean, for the current (regime, N)
+        self._means_at = (-1, -1)
+
+    def reserved(self, entry: Entry) -> None:
+        pass
+
+    def listed(self, entry: Entry) -> None:
+        pass
+
+    def read(self, entry: Entry) -> None:
+        pass
+
+    def freed(self, entry: Entry) -> None:
+        pass
+
+    def queued(self) -> int:
+        return len(self._evictable)
+
+    def victims(self, needed: int, protect: Container[str]) -> list[Entry]:
+        self._follow()
+        scored = sorted(
+            (self.score(e), e.order, e.key) for e in self._evictable.values() if e.key not in protect
+        )
+        out: list[Entry] = []
+        for _, _, key in scored:
+            if needed <= 0:
+                break
+            entry = self._evictable[key]
+            out.append(entry)
+            needed -= entry.rows
+        return out
+
+    def rank(self, entry: Entry) -> tuple[int, int]:
+        self._follow()
+        return (math.floor(self.score(entry) * _RANK_SCALE), entry.order)
+
+    def score(self, entry: Entry) -> float:
+        """`entry`'s posterior mean request probability per block, as of the clock."""
+        return self.mean(self._counts.get(entry.key, 0)) / max(1, entry.rows)
+
+    def mean(self, n: int) -> float:
+        """The posterior mean request probability of a key requested `n` times so far in the
+        current regime (cached per number of requests seen in it)."""
+        seen = self._counted - self._start + 1
+        if self._means_at != (self._regime, seen):
+            self._means_at = (self._regime, seen)
+            self._means = {}
+        if n not in self._means:
+            p = self._probs[self._regime]
+            log_like = n * np.log(p) + max(0, seen - n) * np.log1p(-p)
+            w = np.exp(log_like - log_like.max())
+            self._means[n] = float((w * p).sum() / w.sum())
+        return self._means[n]
+
+    def _follow(self) -> None:
+        pos = min(self._clock.pos, len(self._keys) - 1)
+        while self._counted < pos:
+            self._counted += 1
+            regime = self._regimes[self._counted]
+            if regime != self._regime:
+                self._regime, self._start = regime, self._counted
+                self._counts = {}
+            key = self._keys[self._counted]
+            self._counts[key] = self._counts.get(key, 0) + 1
 
 
 def miss_ratio_bound(trace: Trace, num_blocks: int) -> dict[str, float]:

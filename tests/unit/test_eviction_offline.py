@@ -10,16 +10,18 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from bench.cache_traces import Trace, make_trace
-from bench.eviction import _belady, _ours, _popularity, replay_hits
+from bench.eviction import _belady, _ours, _popularity, _posterior, replay_hits
 from bench.eviction_arc import ArcPolicy
 from bench.eviction_candidates import ClockPolicy, TinyLfuS3FifoPolicy
 from bench.eviction_hyperbolic import make_candidate
 from bench.eviction_offline import (
     BeladyPolicy,
     PopularityPolicy,
+    PosteriorPolicy,
     RequestClock,
     _knapsack,
     _knapsack_weighted,
+    laws_of,
     miss_ratio_bound,
     popularity_of,
     request_positions,
@@ -105,6 +107,78 @@ def test_popularity_evicts_the_lowest_rate_per_block_of_the_current_regime():
     assert res is not None and [e.key for e in res.evicted] == ["d", "a"]
 
 
+def test_posterior_evicts_the_lowest_posterior_mean_per_block_and_forgets_counts_at_a_new_regime():
+    clock = RequestClock()
+    # the requests, by position: "a" three times, "b" once, then a new regime where "c" is asked
+    keys = ["a", "a", "b", "a", "c", "c", "d", "e"]
+    regimes = [0, 0, 0, 0, 1, 1, 1, 1]
+    table = EntryTable(60)
+    policy = PosteriorPolicy(table._evictable, keys, regimes, [(0.8, 50), (0.8, 50)], clock)
+    table._policy = policy
+    for pos, key in ((1, "a"), (2, "b"), (3, "x")):  # "x" is never requested: n = 0
+        clock.pos = pos
+        assert table.reserve(key, 20, now=0.0, lease_s=LEASE) is not None
+        table.mark_ready(key)
+    assert policy.mean(0) < policy.mean(1) < policy.mean(3)  # more requests seen: more probable
+    res = table.reserve("y", 20, now=0.0, lease_s=LEASE)  # full: the unrequested "x" goes
+    assert res is not None and [e.key for e in res.evicted] == ["x"]
+    table.mark_ready("y")  # requested 0 times too, and queued later than "b"
+    res = table.reserve("z", 20, now=0.0, lease_s=LEASE)  # "y" (n = 0) before "b" (1) and "a" (3)
+    assert res is not None and [e.key for e in res.evicted] == ["y"]
+    table.mark_ready("z")
+    clock.pos = 5  # the new regime: "a" and "b" count 0 now, "c" twice
+    res = table.reserve("c", 20, now=0.0, lease_s=LEASE)
+    assert res is not None and [e.key for e in res.evicted] == ["a"]  # n = 0 all three: oldest first
+    table.mark_ready("c")
+    clock.pos = 6  # "d" (10 blocks): "b" goes, unrequested in this regime and older than "z"
+    res = table.reserve("d", 10, now=0.0, lease_s=LEASE)
+    assert res is not None and [e.key for e in res.evicted] == ["b"]
+    table.mark_ready("d")
+    evictable = table._evictable
+    assert (
+        policy.score(evictable["d"]) == policy.mean(1) / 10
+        and policy.score(evictable["c"]) == policy.mean(2) / 20
+    )
+    # per block: "d" (once, 10 blocks) goes before "c" (twice, 20 blocks), because a second request
+    # more than doubles the posterior mean (a key seen once is most likely in the Zipf tail)
+    assert policy.mean(2) > 2 * policy.mean(1)
+    assert [e.key for e in policy.victims(30, protect=set())] == ["z", "d"]
+
+
+def test_posterior_orders_equal_sizes_as_their_counts_in_the_regime():
+    """For equal sizes the posterior mean rises with the count (the likelihood ratio is monotone),
+    so the order is that of a plain count model: its victims equal the keys of fewest requests."""
+    probe = make_trace(steps=300, live=32, num_blocks=0, seed=5, source="engine0.8", pool=60)
+    laws = laws_of(probe)
+    assert laws == [(0.8, 60)]
+    rows = probe.items()[0].rows
+    trace = Trace(probe.steps, probe.live, rows * 12, "engine0.8", probe.rankings)
+    clock = RequestClock()
+    side = _posterior(trace.num_blocks, trace, laws, clock)
+    table, policy = side.table, side.table._policy
+    counts: dict[str, int] = {}
+    for pos, item in enumerate(trace.items()):
+        clock.pos = pos
+        counts[item.key] = counts.get(item.key, 0) + 1
+        if item.key in table._evictable:  # a hit: every entry here is READY and unpinned
+            continue
+        expected = sorted(table._evictable.values(), key=lambda e: (counts.get(e.key, 0), e.order))
+        res = table.reserve(item.key, item.rows, now=0.0, lease_s=LEASE)
+        assert res is not None
+        assert [e.key for e in res.evicted] == [e.key for e in expected[: len(res.evicted)]]
+        table.mark_ready(item.key)
+    assert [policy.mean(n) for n in range(5)] == sorted({policy.mean(n) for n in range(5)})
+
+
+def test_posterior_needs_every_request_in_its_regimes_ranking():
+    assert laws_of(make_trace(steps=200, live=16, num_blocks=0, seed=1, source="scan", pool=100)) is None
+    assert laws_of(make_trace(steps=200, live=16, num_blocks=0, seed=1, source="compare")) is None
+    assert laws_of(make_trace(steps=600, live=16, num_blocks=0, seed=1, source="drift", pool=100)) == [
+        (0.8, 100),
+        (0.8, 100),
+    ]
+
+
 @pytest.mark.parametrize("source", ["zipf0.8", "drift", "engine0.8", "engine-drift"])
 def test_a_traces_rankings_are_its_generators_and_their_top_keys_are_requested_most(source):
     from bench.cache_traces import DRIFT_EVERY, ENGINE_DRIFT_EVERY
@@ -129,7 +203,17 @@ def test_a_traces_rankings_are_its_generators_and_their_top_keys_are_requested_m
 
 # --- the candidates keep the table's guarantees -------------------------------------------------
 
-CANDIDATES = ["clock", "s3fifo-tinylfu", "lfu", "lecar", "lecar-lru", "wtinylfu", "arc", "popularity"]
+CANDIDATES = [
+    "clock",
+    "s3fifo-tinylfu",
+    "lfu",
+    "lecar",
+    "lecar-lru",
+    "wtinylfu",
+    "arc",
+    "popularity",
+    "posterior",
+]
 TUNED = [  # bench/eviction_hyperbolic.py and bench/eviction_decayed.py, with settings that exercise them
     "hyperbolic",
     "hyperbolic:prior=0,k=2",
@@ -163,6 +247,13 @@ def _candidate(name: str, table: EntryTable) -> EvictionPolicy:
         clock = RequestClock()
         clock.pos = 1
         return PopularityPolicy(table._evictable, [0, 1], weights, clock)
+    if name == "posterior":  # two regimes over the keys the test reserves, the clock in the second
+        keys = [f"k{i}" for i in range(20)] + [f"new{n}" for n in range(30)]
+        clock = RequestClock()
+        clock.pos = 30
+        return PosteriorPolicy(
+            table._evictable, keys + keys, [0] * 50 + [1] * 50, [(0.8, 50), (1.0, 50)], clock
+        )
     if name == "lfu":
         return LfuPolicy(num_blocks, table._evictable, age=0.05)  # ages often: the aging path runs
     if name.startswith("lecar"):  # no key comes back here, so the weights stay: "lecar-lru" starts
