@@ -38,7 +38,8 @@ And one between those two and the online policies:
   and every request is seen whether or not it hits, so nothing is gained by exploring: this is the
   best an online policy can do on such a trace to within the approximations of A0 (the rank
   probabilities treated as independent between keys, the posterior's next request only). If
-  `posterior` misses more than 0.85x `fifo`, no online policy meets the target there. It needs
+  `posterior` misses more than 0.85x `fifo`, an online policy meets the target there only by the
+  luck of the trace's draws. It needs
   every requested key to be in its regime's ranking (not `scan`, whose one-offs are in none).
 
 Counting follows bench/eviction.py's driver: requests for one item within one step form a group;
