@@ -288,3 +288,14 @@ def test_no_candidate_evicts_a_held_entry_and_blocks_are_conserved(name, specs, 
                 check_blocks(table)
     # lazy deletion stays bounded: stale heap or queue items are compacted away
     assert table._policy.queued() <= 2 * len(table.entries()) + 64
+
+
+def test_the_sweep_replays_posterior_where_the_trace_has_a_law_and_not_elsewhere():
+    from bench.eviction import run
+
+    res = run(traces=("engine-drift", "scan"), policies=("fifo",), steps=600)
+    drift = res["traces"]["engine-drift"]["by_fraction"]["0.10"]
+    scan = res["traces"]["scan"]["by_fraction"]["0.10"]
+    assert "posterior" in drift and "posterior" not in scan
+    # it learns, so it misses less than fifo, and it does not know the order, so not below belady
+    assert drift["belady"]["miss_ratio"] <= drift["posterior"]["miss_ratio"] < drift["fifo"]["miss_ratio"]
