@@ -31,7 +31,8 @@ Offline references:
 from the trace generator's own rankings: what knowing the items' rates, not the order, gives;
 bench/eviction_offline.py), and `posterior` (online, knowing the trace's law, not its ranking:
 the item of least posterior mean request rate per block first, learnt from every request seen
-since the last re-ranking; bench/eviction_offline.py). The driver
+since the last re-ranking; `posterior-bytes` the same per entry, for byte hits; both in
+bench/eviction_offline.py). The driver
 (replay.py's `replay_hits`) is compare_cache's step loop without the per-step lookups of live
 items (they change no state): per step, saves become ready (1% fail) and
 loads unpin, then each arriving item is looked up: ready -> a hit (pinned for a step), absent ->
@@ -148,11 +149,20 @@ def _popularity(num_blocks: int, trace: Trace, clock: RequestClock) -> OursSide:
     return side
 
 
-def _posterior(num_blocks: int, trace: Trace, laws: list[tuple[float, int]], clock: RequestClock) -> OursSide:
+def _posterior(
+    num_blocks: int,
+    trace: Trace,
+    laws: list[tuple[float, int]],
+    clock: RequestClock,
+    *,
+    per_block: bool = True,
+) -> OursSide:
     side = OursSide(num_blocks)
     regimes, _ = popularity_of(trace)
     keys = [item.key for item in trace.items()]
-    side.table._policy = PosteriorPolicy(side.table._evictable, keys, regimes, laws, clock)
+    side.table._policy = PosteriorPolicy(
+        side.table._evictable, keys, regimes, laws, clock, per_block=per_block
+    )
     return side
 
 
@@ -188,6 +198,7 @@ def run(
         total = len(probe.items())
         positions = request_positions(probe)
         laws = laws_of(probe) if offline else None  # the law `posterior` knows (none for scan, compare)
+        sized = len({item.rows for item in probe.items()}) > 1
         rows: dict[str, Any] = {
             "footprint_blocks": footprint,
             "items": total,
@@ -207,6 +218,10 @@ def run(
                 if laws is not None:
                     clock = RequestClock()
                     cell["posterior"] = replay_hits(_posterior(num_blocks, trace, laws, clock), trace, clock)
+                if laws is not None and sized:  # per entry: the same order when all sizes are equal
+                    clock = RequestClock()
+                    side = _posterior(num_blocks, trace, laws, clock, per_block=False)
+                    cell["posterior-bytes"] = replay_hits(side, trace, clock)
                 cell["bound"] = miss_ratio_bound(trace, num_blocks)
             rows["by_fraction"][f"{frac:.2f}"] = cell
             say(f"{name} {frac:.2f}: " + " ".join(f"{p}={c['miss_ratio']:.3f}" for p, c in cell.items()))
@@ -275,7 +290,13 @@ def _cell(c: dict) -> str:
     return f"{c['miss_ratio']:>11.3f}/{byte}"
 
 
-OFFLINE_STYLES = {"belady": "--", "popularity": "-.", "posterior": (0, (5, 1, 1, 1)), "bound": ":"}
+OFFLINE_STYLES = {
+    "belady": "--",
+    "popularity": "-.",
+    "posterior": (0, (5, 1, 1, 1)),
+    "posterior-bytes": (0, (1, 1)),
+    "bound": ":",
+}
 
 
 def plot(res: dict, path: str) -> None:

@@ -41,6 +41,9 @@ And one between those two and the online policies:
   `posterior` misses more than 0.85x `fifo`, an online policy meets the target there only by the
   luck of the trace's draws. It needs
   every requested key to be in its regime's ranking (not `scan`, whose one-offs are in none).
+  Per block is the order that keeps the most requests; `posterior-bytes` orders by the posterior
+  mean alone (per entry), which keeps the most blocks requested, so its byte miss ratio is the one
+  to read (on traces whose items all have one size the two are the same order).
 
 Counting follows bench/eviction.py's driver: requests for one item within one step form a group;
 a group is a hit (each of its requests counts as one) or a miss (its first request is a miss, the
@@ -156,8 +159,11 @@ class PosteriorPolicy:
         regimes: list[int],
         laws: list[tuple[float, int]],
         clock: RequestClock,
+        *,
+        per_block: bool = True,
     ) -> None:
         self._evictable = evictable
+        self._per_block = per_block
         self._keys = keys  # the key of each request, by position: read up to the clock only
         self._regimes = regimes
         self._probs = []
@@ -206,8 +212,10 @@ class PosteriorPolicy:
         return (math.floor(self.score(entry) * _RANK_SCALE), entry.order)
 
     def score(self, entry: Entry) -> float:
-        """`entry`'s posterior mean request probability per block, as of the clock."""
-        return self.mean(self._counts.get(entry.key, 0)) / max(1, entry.rows)
+        """`entry`'s posterior mean request probability per block (per entry without
+        `per_block`), as of the clock."""
+        mean = self.mean(self._counts.get(entry.key, 0))
+        return mean / max(1, entry.rows) if self._per_block else mean
 
     def mean(self, n: int) -> float:
         """The posterior mean request probability of a key requested `n` times so far in the

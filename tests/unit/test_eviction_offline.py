@@ -293,9 +293,13 @@ def test_no_candidate_evicts_a_held_entry_and_blocks_are_conserved(name, specs, 
 def test_the_sweep_replays_posterior_where_the_trace_has_a_law_and_not_elsewhere():
     from bench.eviction import run
 
-    res = run(traces=("engine-drift", "scan"), policies=("fifo",), steps=600)
+    res = run(traces=("engine-drift", "scan", "drift"), policies=("fifo",), steps=600)
     drift = res["traces"]["engine-drift"]["by_fraction"]["0.10"]
     scan = res["traces"]["scan"]["by_fraction"]["0.10"]
+    sized = res["traces"]["drift"]["by_fraction"]["0.10"]
     assert "posterior" in drift and "posterior" not in scan
+    # per entry is a different order only where sizes differ
+    assert "posterior-bytes" in sized and "posterior-bytes" not in drift
+    assert sized["posterior-bytes"]["byte_miss_ratio"] < sized["posterior"]["byte_miss_ratio"]
     # it learns, so it misses less than fifo, and it does not know the order, so not below belady
     assert drift["belady"]["miss_ratio"] <= drift["posterior"]["miss_ratio"] < drift["fifo"]["miss_ratio"]
