@@ -59,7 +59,8 @@ from bench.eviction_hyperbolic import is_candidate, make_candidate  # noqa: E402
 from bench.eviction_offline import (  # noqa: E402
     PopularityPolicy,
     PosteriorPolicy,
-    laws_of,
+    TraceLaw,
+    law_of,
     miss_ratio_bound,
     popularity_of,
 )
@@ -149,20 +150,9 @@ def _popularity(num_blocks: int, trace: Trace, clock: RequestClock) -> OursSide:
     return side
 
 
-def _posterior(
-    num_blocks: int,
-    trace: Trace,
-    laws: list[tuple[float, int]],
-    clock: RequestClock,
-    *,
-    per_block: bool = True,
-) -> OursSide:
+def _posterior(num_blocks: int, law: TraceLaw, clock: RequestClock, *, per_block: bool = True) -> OursSide:
     side = OursSide(num_blocks)
-    regimes, _ = popularity_of(trace)
-    keys = [item.key for item in trace.items()]
-    side.table._policy = PosteriorPolicy(
-        side.table._evictable, keys, regimes, laws, clock, per_block=per_block
-    )
+    side.table._policy = PosteriorPolicy(side.table._evictable, law, clock, per_block=per_block)
     return side
 
 
@@ -197,7 +187,7 @@ def run(
         distinct = len({item.key for item in probe.items()})
         total = len(probe.items())
         positions = request_positions(probe)
-        laws = laws_of(probe) if offline else None  # the law `posterior` knows (none for scan, compare)
+        law = law_of(probe) if offline else None  # what `posterior` knows (none for scan, compare)
         sized = len({item.rows for item in probe.items()}) > 1
         rows: dict[str, Any] = {
             "footprint_blocks": footprint,
@@ -215,12 +205,12 @@ def run(
                 if trace.rankings:  # the generator's popularity (none for `compare`)
                     clock = RequestClock()
                     cell["popularity"] = replay_hits(_popularity(num_blocks, trace, clock), trace, clock)
-                if laws is not None:
+                if law is not None:
                     clock = RequestClock()
-                    cell["posterior"] = replay_hits(_posterior(num_blocks, trace, laws, clock), trace, clock)
-                if laws is not None and sized:  # per entry: the same order when all sizes are equal
+                    cell["posterior"] = replay_hits(_posterior(num_blocks, law, clock), trace, clock)
+                if law is not None and sized:  # per entry: the same order when all sizes are equal
                     clock = RequestClock()
-                    side = _posterior(num_blocks, trace, laws, clock, per_block=False)
+                    side = _posterior(num_blocks, law, clock, per_block=False)
                     cell["posterior-bytes"] = replay_hits(side, trace, clock)
                 cell["bound"] = miss_ratio_bound(trace, num_blocks)
             rows["by_fraction"][f"{frac:.2f}"] = cell

@@ -56,6 +56,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Container, Mapping
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -70,28 +71,37 @@ __all__ = [
     "PopularityPolicy",
     "PosteriorPolicy",
     "RequestClock",
+    "TraceLaw",
+    "law_of",
     "miss_ratio_bound",
     "popularity_of",
+    "regimes_of",
     "request_positions",
 ]
 
 _RANK_SCALE = 1 << 40
 
 
-def popularity_of(trace: Trace) -> tuple[list[int], list[dict[str, float]]]:
-    """Each request's popularity regime (by position, as the driver counts them) and each
-    regime's weight per key (1/(rank+1)^exponent, from `trace.rankings`)."""
+def regimes_of(trace: Trace) -> list[int]:
+    """Each request's popularity regime (its index in `trace.rankings`), by position, as the
+    driver counts them."""
     starts = [first for first, _, _ in trace.rankings]
-    weights = [
-        {key: 1.0 / (rank + 1) ** alpha for rank, key in enumerate(keys)} for _, alpha, keys in trace.rankings
-    ]
     regimes: list[int] = []
     regime = 0
     for n, step in enumerate(trace.steps):
         while regime + 1 < len(starts) and starts[regime + 1] <= n:
             regime += 1
         regimes.extend(regime for _, items in step.arrivals for _ in items)
-    return regimes, weights
+    return regimes
+
+
+def popularity_of(trace: Trace) -> tuple[list[int], list[dict[str, float]]]:
+    """Each request's popularity regime (`regimes_of`) and each regime's weight per key
+    (1/(rank+1)^exponent, from `trace.rankings`)."""
+    weights = [
+        {key: 1.0 / (rank + 1) ** alpha for rank, key in enumerate(keys)} for _, alpha, keys in trace.rankings
+    ]
+    return regimes_of(trace), weights
 
 
 class PopularityPolicy(LazyHeapOrder):
@@ -135,14 +145,27 @@ class PopularityPolicy(LazyHeapOrder):
             self._rekey()
 
 
-def laws_of(trace: Trace) -> list[tuple[float, int]] | None:
-    """Each regime's (Zipf exponent, pool size), or None when a requested key is in no ranking
-    of its regime (a one-off: the law would need its share too)."""
-    regimes, _ = popularity_of(trace)
-    ranked = [frozenset(keys) for _, _, keys in trace.rankings]
-    if not ranked or any(item.key not in ranked[r] for r, item in zip(regimes, trace.items(), strict=True)):
+@dataclass(frozen=True, slots=True)
+class TraceLaw:
+    """What `posterior` knows of a trace: each request's key and regime by position (it reads them
+    up to the driver's clock only) and each regime's Zipf exponent and pool size."""
+
+    keys: tuple[str, ...]
+    regimes: tuple[int, ...]
+    zipf: tuple[tuple[float, int], ...]
+
+
+def law_of(trace: Trace) -> TraceLaw | None:
+    """`trace`'s law, or None when a requested key is in no ranking of its regime (a one-off: the
+    law would need its share too)."""
+    regimes = regimes_of(trace)
+    keys = tuple(item.key for item in trace.items())
+    ranked = [frozenset(ranking) for _, _, ranking in trace.rankings]
+    if not ranked or any(key not in ranked[r] for r, key in zip(regimes, keys, strict=True)):
         return None
-    return [(alpha, len(keys)) for _, alpha, keys in trace.rankings]
+    return TraceLaw(
+        keys, tuple(regimes), tuple((alpha, len(ranking)) for _, alpha, ranking in trace.rankings)
+    )
 
 
 class PosteriorPolicy:
@@ -153,21 +176,14 @@ class PosteriorPolicy:
     name = "posterior"
 
     def __init__(
-        self,
-        evictable: Mapping[str, Entry],
-        keys: list[str],
-        regimes: list[int],
-        laws: list[tuple[float, int]],
-        clock: RequestClock,
-        *,
-        per_block: bool = True,
+        self, evictable: Mapping[str, Entry], law: TraceLaw, clock: RequestClock, *, per_block: bool = True
     ) -> None:
         self._evictable = evictable
         self._per_block = per_block
-        self._keys = keys  # the key of each request, by position: read up to the clock only
-        self._regimes = regimes
+        self._keys = law.keys
+        self._regimes = law.regimes
         self._probs = []
-        for alpha, pool in laws:
+        for alpha, pool in law.zipf:
             weights = 1.0 / np.arange(1, pool + 1, dtype=np.float64) ** alpha
             self._probs.append(weights / weights.sum())
         self._clock = clock

@@ -19,9 +19,10 @@ from bench.eviction_offline import (
     PopularityPolicy,
     PosteriorPolicy,
     RequestClock,
+    TraceLaw,
     _knapsack,
     _knapsack_weighted,
-    laws_of,
+    law_of,
     miss_ratio_bound,
     popularity_of,
     request_positions,
@@ -110,10 +111,9 @@ def test_popularity_evicts_the_lowest_rate_per_block_of_the_current_regime():
 def test_posterior_evicts_the_lowest_posterior_mean_per_block_and_forgets_counts_at_a_new_regime():
     clock = RequestClock()
     # the requests, by position: "a" three times, "b" once, then a new regime where "c" is asked
-    keys = ["a", "a", "b", "a", "c", "c", "d", "e"]
-    regimes = [0, 0, 0, 0, 1, 1, 1, 1]
+    law = TraceLaw(("a", "a", "b", "a", "c", "c", "d", "e"), (0, 0, 0, 0, 1, 1, 1, 1), ((0.8, 50), (0.8, 50)))
     table = EntryTable(60)
-    policy = PosteriorPolicy(table._evictable, keys, regimes, [(0.8, 50), (0.8, 50)], clock)
+    policy = PosteriorPolicy(table._evictable, law, clock)
     table._policy = policy
     for pos, key in ((1, "a"), (2, "b"), (3, "x")):  # "x" is never requested: n = 0
         clock.pos = pos
@@ -149,12 +149,12 @@ def test_posterior_orders_equal_sizes_as_their_counts_in_the_regime():
     """For equal sizes the posterior mean rises with the count (the likelihood ratio is monotone),
     so the order is that of a plain count model: its victims equal the keys of fewest requests."""
     probe = make_trace(steps=300, live=32, num_blocks=0, seed=5, source="engine0.8", pool=60)
-    laws = laws_of(probe)
-    assert laws == [(0.8, 60)]
+    law = law_of(probe)
+    assert law is not None and law.zipf == ((0.8, 60),)
     rows = probe.items()[0].rows
     trace = Trace(probe.steps, probe.live, rows * 12, "engine0.8", probe.rankings)
     clock = RequestClock()
-    side = _posterior(trace.num_blocks, trace, laws, clock)
+    side = _posterior(trace.num_blocks, law, clock)
     table, policy = side.table, side.table._policy
     counts: dict[str, int] = {}
     for pos, item in enumerate(trace.items()):
@@ -171,12 +171,12 @@ def test_posterior_orders_equal_sizes_as_their_counts_in_the_regime():
 
 
 def test_posterior_needs_every_request_in_its_regimes_ranking():
-    assert laws_of(make_trace(steps=200, live=16, num_blocks=0, seed=1, source="scan", pool=100)) is None
-    assert laws_of(make_trace(steps=200, live=16, num_blocks=0, seed=1, source="compare")) is None
-    assert laws_of(make_trace(steps=600, live=16, num_blocks=0, seed=1, source="drift", pool=100)) == [
-        (0.8, 100),
-        (0.8, 100),
-    ]
+    assert law_of(make_trace(steps=200, live=16, num_blocks=0, seed=1, source="scan", pool=100)) is None
+    assert law_of(make_trace(steps=200, live=16, num_blocks=0, seed=1, source="compare")) is None
+    drift = make_trace(steps=600, live=16, num_blocks=0, seed=1, source="drift", pool=100)
+    law = law_of(drift)
+    assert law is not None and law.zipf == ((0.8, 100), (0.8, 100))
+    assert law.keys == tuple(item.key for item in drift.items()) and len(law.regimes) == len(law.keys)
 
 
 @pytest.mark.parametrize("source", ["zipf0.8", "drift", "engine0.8", "engine-drift"])
@@ -248,12 +248,11 @@ def _candidate(name: str, table: EntryTable) -> EvictionPolicy:
         clock.pos = 1
         return PopularityPolicy(table._evictable, [0, 1], weights, clock)
     if name == "posterior":  # two regimes over the keys the test reserves, the clock in the second
-        keys = [f"k{i}" for i in range(20)] + [f"new{n}" for n in range(30)]
+        keys = tuple(f"k{i}" for i in range(20)) + tuple(f"new{n}" for n in range(30))
         clock = RequestClock()
         clock.pos = 30
-        return PosteriorPolicy(
-            table._evictable, keys + keys, [0] * 50 + [1] * 50, [(0.8, 50), (1.0, 50)], clock
-        )
+        law = TraceLaw(keys + keys, (0,) * 50 + (1,) * 50, ((0.8, 50), (1.0, 50)))
+        return PosteriorPolicy(table._evictable, law, clock)
     if name == "lfu":
         return LfuPolicy(num_blocks, table._evictable, age=0.05)  # ages often: the aging path runs
     if name.startswith("lecar"):  # no key comes back here, so the weights stay: "lecar-lru" starts
