@@ -74,6 +74,7 @@ from ec_connector.benchmarks.replay import (  # noqa: E402
     request_positions,
 )
 from ec_connector.domain import eviction  # noqa: E402
+from ec_connector.domain.eviction_duel import DuelPolicy  # noqa: E402
 from ec_connector.domain.eviction_lecar import LeCarPolicy, LfuPolicy  # noqa: E402
 
 CANDIDATES = (
@@ -85,6 +86,7 @@ CANDIDATES = (
     "lfu",
     "lfu-fast-aging",
     "lecar",
+    "duel",
     "wtinylfu",
     "arc",
 )
@@ -104,9 +106,14 @@ S3FIFO_SETTINGS: Settings = {
 }
 
 
+# `duel:window=W,z=Z` replays `duel` with other settings (the shipped ones: eviction_duel.WINDOW, Z)
+DUEL_SETTINGS: Settings = {"window": ("window", float), "z": ("z", float)}
+
+
 def _ours(policy: str) -> Callable[[int], OursSide]:
     """A side with our table and `policy`: a shipped one by name, or a candidate of this bench."""
     settings = policy_settings(policy, S3FIFO_SETTINGS) if policy.startswith("s3fifo:") else None
+    duel = policy_settings(policy, DUEL_SETTINGS) if policy.startswith("duel:") else None
 
     def make(num_blocks: int) -> OursSide:
         side = OursSide(num_blocks)
@@ -114,6 +121,8 @@ def _ours(policy: str) -> Callable[[int], OursSide]:
         evictable = table._evictable  # the bench swaps the policy in before the first entry
         if settings is not None:
             table._policy = eviction.S3FifoPolicy(num_blocks, evictable, min_compact=64, **settings)
+        elif duel is not None:
+            table._policy = DuelPolicy(num_blocks, evictable, **duel)
         elif policy == "clock":
             table._policy = ClockPolicy(evictable)
         elif policy == "s3fifo-paper":

@@ -23,6 +23,9 @@ protected by the caller) and how many blocks it needs; a policy only orders them
 - `lecar` (ec_connector/domain/eviction_lecar.py): LRU and LFU as two experts weighted by how
   often their evictions were wanted again; fewer misses than `s3fifo` where popularity is stable
   or drifts, more on a trace of one-off bursts' neighbours (docs/eviction.md).
+- `duel` (ec_connector/domain/eviction_duel.py): LFU order or LRU order, whichever a shadow
+  region replaying the other shows hitting more; the fewest misses of the four where popularity
+  holds still, about `fifo`'s where the ranking moves (docs/eviction.md).
 
 Both are O(1) amortised per table operation (`fifo`: O(log entries) per victim) and never scan the
 table: the queues are deques (or a heap) of entries with lazy deletion, compacted when stale items
@@ -37,12 +40,14 @@ from collections.abc import Container, Mapping
 from typing import Protocol, runtime_checkable
 
 from ec_connector.domain.entries import Entry
+from ec_connector.domain.eviction_duel import DuelPolicy
 from ec_connector.domain.eviction_lecar import LeCarPolicy
 
 FIFO = "fifo"
 S3FIFO = "s3fifo"
 LECAR = "lecar"
-POLICIES = (FIFO, S3FIFO, LECAR)
+DUEL = "duel"
+POLICIES = (FIFO, S3FIFO, LECAR, DUEL)
 """Accepted values of `ec_eviction`."""
 
 DEFAULT_POLICY = S3FIFO
@@ -109,6 +114,8 @@ def make_policy(
         return S3FifoPolicy(num_blocks, evictable, min_compact=min_compact)
     if name == LECAR:
         return LeCarPolicy(num_blocks, evictable)
+    if name == DUEL:
+        return DuelPolicy(num_blocks, evictable)
     raise ValueError(f"unknown eviction policy {name!r}: expected one of {', '.join(POLICIES)}")
 
 

@@ -24,22 +24,37 @@ import heapq
 import math
 from collections import OrderedDict, deque
 from collections.abc import Container, Mapping
+from typing import Generic, Protocol, TypeVar
 
 from ec_connector.domain.entries import Entry
 
 LFU_CAP = 15
 
 
-class _Counted:
+class Keyed(Protocol):
+    """What the LFU order reads of an item: its key and its size in blocks (an `Entry`, or a key
+    of a shadow region)."""
+
+    @property
+    def key(self) -> str: ...
+
+    @property
+    def rows(self) -> int: ...
+
+
+ItemT = TypeVar("ItemT", bound=Keyed)
+
+
+class _Counted(Generic[ItemT]):
     __slots__ = ("entry", "count", "stamp")
 
-    def __init__(self, entry: Entry, count: int) -> None:
+    def __init__(self, entry: ItemT, count: int) -> None:
         self.entry = entry
         self.count = count
         self.stamp = 0  # 0: not queued (never READY, or just taken as a victim); -1: freed
 
 
-class LfuPolicy:
+class LfuPolicy(Generic[ItemT]):
     """Least frequently used first, oldest first among equal counts. A reservation counts 1 (plus
     the count its key had when it was evicted, if still in the ghost), a read 1 more, capped at
     `LFU_CAP`. Evicted keys keep their count in a ghost of up to `ghost_share` x the region's
@@ -50,11 +65,11 @@ class LfuPolicy:
     name = "lfu"
 
     def __init__(
-        self, num_blocks: int, evictable: Mapping[str, Entry], *, ghost_share: float = 4.0, age: float = 10.0
+        self, num_blocks: int, evictable: Mapping[str, ItemT], *, ghost_share: float = 4.0, age: float = 10.0
     ) -> None:
         self._evictable = evictable
-        self._nodes: dict[str, _Counted] = {}
-        self._queues: list[deque[tuple[int, _Counted]]] = [deque() for _ in range(LFU_CAP + 1)]
+        self._nodes: dict[str, _Counted[ItemT]] = {}
+        self._queues: list[deque[tuple[int, _Counted[ItemT]]]] = [deque() for _ in range(LFU_CAP + 1)]
         self._items = 0  # items in the count queues, stale ones included
         self._stamp = 0
         self._ghost: OrderedDict[str, tuple[int, int]] = OrderedDict()  # key -> (rows, count)
@@ -63,7 +78,7 @@ class LfuPolicy:
         self._age = age
         self._accesses = 0
 
-    def reserved(self, entry: Entry) -> None:
+    def reserved(self, entry: ItemT) -> None:
         rows_count = self._ghost.pop(entry.key, None)
         count = 1
         if rows_count is not None:
@@ -72,7 +87,7 @@ class LfuPolicy:
         self._nodes[entry.key] = _Counted(entry, count)
         self._accessed()
 
-    def read(self, entry: Entry) -> None:
+    def read(self, entry: ItemT) -> None:
         node = self._nodes[entry.key]
         if node.count < LFU_CAP:
             node.count += 1
@@ -80,12 +95,12 @@ class LfuPolicy:
                 self._push(node)  # to its new count's queue; the old item is stale now
         self._accessed()
 
-    def listed(self, entry: Entry) -> None:
+    def listed(self, entry: ItemT) -> None:
         node = self._nodes[entry.key]
         if node.stamp <= 0:
             self._push(node)
 
-    def freed(self, entry: Entry) -> None:
+    def freed(self, entry: ItemT) -> None:
         node = self._nodes.pop(entry.key)
         node.stamp = -1
         self._ghost[entry.key] = (entry.rows, node.count)
@@ -94,8 +109,8 @@ class LfuPolicy:
             _, (rows, _count) = self._ghost.popitem(last=False)
             self._ghost_rows -= rows
 
-    def victims(self, needed: int, protect: Container[str]) -> list[Entry]:
-        out: list[Entry] = []
+    def victims(self, needed: int, protect: Container[str]) -> list[ItemT]:
+        out: list[ItemT] = []
         while needed > 0:
             node = self._next(protect)
             assert node is not None, "victims() called with too few evictable blocks"
@@ -107,11 +122,11 @@ class LfuPolicy:
     def queued(self) -> int:
         return self._items
 
-    def rank(self, entry: Entry) -> tuple[int, int]:
+    def rank(self, entry: ItemT) -> tuple[int, int]:
         node = self._nodes[entry.key]
         return (node.count, node.stamp)
 
-    def _next(self, protect: Container[str]) -> _Counted | None:
+    def _next(self, protect: Container[str]) -> _Counted[ItemT] | None:
         evictable = self._evictable
         for queue in self._queues:
             for _ in range(len(queue)):
@@ -126,7 +141,7 @@ class LfuPolicy:
                 self._items += 1
         return None
 
-    def _push(self, node: _Counted) -> None:
+    def _push(self, node: _Counted[ItemT]) -> None:
         self._stamp += 1
         node.stamp = self._stamp
         self._queues[node.count].append((self._stamp, node))
@@ -158,7 +173,7 @@ class LfuPolicy:
         self._items = sum(len(q) for q in self._queues)
 
 
-def _stamp_of(item: tuple[int, _Counted]) -> int:
+def _stamp_of(item: tuple[int, object]) -> int:
     return item[0]
 
 
@@ -168,7 +183,7 @@ DISCOUNT = 0.005  # a regret's reward after as many accesses as entries held: la
 _LRU, _LFU = 0, 1
 
 
-class LeCarPolicy(LfuPolicy):
+class LeCarPolicy(LfuPolicy[Entry]):
     """LRU and LFU experts weighted by their regrets (module docstring). Every operation is O(1)
     amortised: the LRU order is an OrderedDict, the LFU order `LfuPolicy`'s count queues; a victim
     taken by one expert leaves the other's order at once (LRU) or lazily (LFU, by its stamp).
@@ -192,7 +207,7 @@ class LeCarPolicy(LfuPolicy):
         super().__init__(num_blocks, evictable, ghost_share=ghost_share, age=age)
         self._min_weight = min_weight
         self._discount = discount
-        self._lru: OrderedDict[str, _Counted] = OrderedDict()  # front: least recently used
+        self._lru: OrderedDict[str, _Counted[Entry]] = OrderedDict()  # front: least recently used
         self._history: tuple[OrderedDict[str, tuple[int, int]], ...] = (OrderedDict(), OrderedDict())
         self._history_rows = [0, 0]
         self._history_limit = max(1, int(num_blocks * history_share))
@@ -262,7 +277,7 @@ class LeCarPolicy(LfuPolicy):
 
     # --- internals -----------------------------------------------------------------------------
 
-    def _from_lru(self, protect: Container[str]) -> _Counted | None:
+    def _from_lru(self, protect: Container[str]) -> _Counted[Entry] | None:
         """The least recently used evictable entry; held ones met on the way go to the back."""
         lru, evictable = self._lru, self._evictable
         for _ in range(len(lru)):

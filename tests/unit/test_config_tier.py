@@ -240,9 +240,7 @@ def test_positive_seconds_value_is_accepted(key, value):
     assert type(getattr(config, key)) is float
 
 
-@pytest.mark.parametrize(
-    ("role", "hold"), [("ec_producer", 60.0), ("ec_both", 0.0), ("ec_consumer", 0.0)]
-)
+@pytest.mark.parametrize(("role", "hold"), [("ec_producer", 60.0), ("ec_both", 0.0), ("ec_consumer", 0.0)])
 def test_a_published_entry_is_held_a_minute_on_a_producer_and_not_held_on_ec_both(role, hold):
     config = parse_tier(role=role)
     assert config.announce_lease_s is None and config.announce_hold_s == hold

@@ -103,7 +103,7 @@ def test_the_table_evicts_fifo_unless_told_otherwise():
 
 
 def test_an_unknown_policy_is_refused_naming_the_accepted_ones():
-    with pytest.raises(ValueError, match="'lru'.*fifo, s3fifo, lecar"):
+    with pytest.raises(ValueError, match="'lru'.*fifo, s3fifo, lecar, duel"):
         EntryTable(10, eviction="lru")
     with pytest.raises(ValueError):
         make_policy("lru", num_blocks=1, evictable={}, min_compact=1)
@@ -206,8 +206,8 @@ def test_queues_stay_proportional_to_the_evictable_entries(policy):
             _read(table, key)
         if i % 7 == 0:
             table.drop(key)
-    # `lecar` orders the entries twice (its LRU dict, its LFU count queues with stale items)
-    orders = 2 if policy == "lecar" else 1
+    # `lecar` and `duel` order the entries twice (an LRU dict, LFU count queues with stale items)
+    orders = 2 if policy in ("lecar", "duel") else 1
     assert table._policy.queued() <= orders * (2 * len(table) + 64)
 
 

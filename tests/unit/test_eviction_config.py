@@ -32,5 +32,5 @@ def test_a_bad_policy_is_rejected_naming_key_value_and_the_accepted_ones(value, 
         _parse(ec_eviction=value)
     assert str(err.value) == (
         f"ec_connector_extra_config['ec_eviction'] = {shown} is invalid: "
-        "expected one of 'fifo', 's3fifo', 'lecar'"
+        "expected one of 'fifo', 's3fifo', 'lecar', 'duel'"
     )

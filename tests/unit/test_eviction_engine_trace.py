@@ -83,7 +83,7 @@ def test_the_swap_trace_serves_the_repeat_pool_rounds_then_zipf_over_other_image
     assert engine_requests(steps=100, source="engine-swap", seed=2) == first[:100]
 
 
-@pytest.mark.parametrize("policy", ["fifo", "s3fifo", "lecar"])
+@pytest.mark.parametrize("policy", ["fifo", "s3fifo", "lecar", "duel"])
 def test_the_sweeps_replay_of_an_engine_trace_is_the_serving_benchs_expected_hit_ratio(policy):
     requests = engine_requests(steps=500, source="engine1.0", seed=6, pool=100)
     num_blocks = 25 * ENGINE_ROWS

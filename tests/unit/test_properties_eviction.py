@@ -7,6 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from ec_connector.domain.cache import EntryTable
+from ec_connector.domain.eviction_duel import DuelPolicy
 from ec_connector.domain.eviction_lecar import LeCarPolicy
 from tests.unit.property_checks import SETTINGS
 
@@ -97,7 +98,7 @@ def test_an_entry_read_is_evicted_after_every_entry_not_read_since(sizes, reads,
     assert res is not None and [e.key for e in res.evicted] == expected
 
 
-# --- `lecar`: with its weights held, its victims are those of its expert's plain model ------------
+# --- `lecar` and `duel`: holding to one order, their victims are that order's plain model -------
 
 lecar_ops = st.lists(
     st.tuples(st.sampled_from(["new", "read"]), st.integers(0, 30), st.integers(1, 3)), max_size=60
@@ -105,18 +106,25 @@ lecar_ops = st.lists(
 
 
 @SETTINGS
-@given(ops=lecar_ops, expert=st.sampled_from(["lru", "lfu"]))
-def test_lecar_with_its_weight_held_evicts_as_its_experts_reference_model(ops, expert):
-    """Learning rate 0 and no floor under the weights hold the weight: at 1 every victim is the
-    LRU expert's (least recently listed or read first), at 0 the LFU expert's (fewest
-    reservations + reads, counting those of an evicted key's earlier stays; among equals the one
-    whose count last changed first). Counts are never halved here (the trace is shorter than the
-    aging period)."""
+@given(ops=lecar_ops, expert=st.sampled_from(["lru", "lfu"]), policy=st.sampled_from(["lecar", "duel"]))
+def test_lecar_and_duel_holding_to_one_order_evict_as_its_reference_model(ops, expert, policy):
+    """`lecar` with learning rate 0 and no floor under the weights holds its weight, `duel` with
+    an infinite `z` never turns: at LRU every victim is the least recently listed or read, at LFU
+    the one of fewest reservations + reads, counting those of an evicted key's earlier stays
+    (among equals the one whose count last changed first). Counts are never halved here (the
+    trace is shorter than the aging period)."""
     table = EntryTable(12)
-    weight = 1.0 if expert == "lru" else 0.0
-    table._policy = LeCarPolicy(
-        12, table._evictable, learning_rate=0.0, lru_weight=weight, min_weight=0.0, age=1000.0
-    )
+    if policy == "lecar":
+        weight = 1.0 if expert == "lru" else 0.0
+        table._policy = LeCarPolicy(
+            12, table._evictable, learning_rate=0.0, lru_weight=weight, min_weight=0.0, age=1000.0
+        )
+    else:
+        duel = DuelPolicy(12, table._evictable, z=float("inf"))
+        if expert == "lru":
+            duel._turn()
+        assert duel.follows_lru == (expert == "lru")
+        table._policy = duel
     clock = 0
     last: dict[str, int] = {}  # key -> when listed first or read last (both experts' tie order)
     counts: dict[str, int] = {}  # key -> reservations + reads, kept after eviction (the ghost)

@@ -1,0 +1,220 @@
+"""The `duel` eviction policy (`ec_eviction = "duel"`): the region is evicted in least frequently
+used order or in least recently used order, whichever a shadow region of the other order shows
+hitting more.
+
+Keeping the most requested images is the best an online policy can do while popularity holds
+still; when the ranking moves, counts keep the stale favourites and recency does better. The
+policy follows one order and replays the other on a **shadow region**: the same blocks, keys only,
+fed every request the region sees (a reservation is a miss, a read a hit), without pins or saves.
+A request that one side hits and the other misses counts for that side. Once per `entries held`
+requests (a period), when the shadow's lead (its hits the region missed, less the reverse) is
+above `z` times the square root of the requests where the two differed, the policy turns to the
+shadow's order and a new shadow, filled with the region's entries, replays the order just left
+(a shadow that started empty would lose its first fill's misses to the full region); otherwise both counts
+are multiplied by `2 ** (-1 / window)`, so the lead is recent evidence. This is set dueling
+(Qureshi et al., ISCA '07) with a whole shadow in place of sampled sets.
+
+- LFU order is `LfuPolicy` (counts capped at 15, kept for evicted keys in a ghost of 4x the
+  region's blocks, halved every 10x the tracked keys' accesses); it is kept for every entry while
+  the policy follows LRU, so turning back finds current counts.
+- LRU order: an OrderedDict of the evictable entries, built when the policy turns to it from the
+  table's queue numbers (an entry's `order` is renewed when its last pin or grant is released:
+  it was just read), kept while the policy follows LRU, dropped when it turns back.
+
+Every operation is O(1) amortised (the shadow is an OrderedDict, or `LfuPolicy` over keys, and a
+turn costs O(entries log entries) at most once a period). Copies pulled from peers are ordered as
+any entry.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import OrderedDict
+from collections.abc import Container, Iterable, Mapping
+
+from ec_connector.domain.entries import Entry
+from ec_connector.domain.eviction_lecar import LfuPolicy, _Counted
+
+WINDOW = 4.0  # periods: the duel's counts halve over this many
+Z = 1.0  # the shadow's lead must pass this many times its noise (the root of the disagreements)
+
+
+class ShadowKey:
+    """A key held by a shadow region, with its size in blocks."""
+
+    __slots__ = ("key", "rows")
+
+    def __init__(self, key: str, rows: int) -> None:
+        self.key = key
+        self.rows = rows
+
+
+class LruShadow:
+    """A region of `capacity` blocks in least recently used order, keys only; `held` (key, rows,
+    least recent first) fills it at the start."""
+
+    def __init__(self, capacity: int, held: Iterable[tuple[str, int]] = ()) -> None:
+        self.capacity = capacity
+        self._resident: OrderedDict[str, int] = OrderedDict(held)  # key -> rows, least recent first
+        self.used = sum(self._resident.values())
+
+    def request(self, key: str, rows: int) -> bool:
+        """One request of `key`: True on a hit; a miss admits it, evicting the least recent."""
+        resident = self._resident
+        if key in resident:
+            resident.move_to_end(key)
+            return True
+        if rows > self.capacity:
+            return False
+        while self.used + rows > self.capacity:
+            _, dropped = resident.popitem(last=False)
+            self.used -= dropped
+        resident[key] = rows
+        self.used += rows
+        return False
+
+
+class LfuShadow:
+    """A region of `capacity` blocks in `LfuPolicy`'s order, keys only; `held` (key, rows, count,
+    least recent first) fills it at the start."""
+
+    def __init__(self, capacity: int, held: Iterable[tuple[str, int, int]] = ()) -> None:
+        self.capacity = capacity
+        self.used = 0
+        self._resident: dict[str, ShadowKey] = {}
+        self._order: LfuPolicy[ShadowKey] = LfuPolicy(capacity, self._resident)
+        for key, rows, count in held:
+            item = ShadowKey(key, rows)
+            self._resident[key] = item
+            self.used += rows
+            self._order.reserved(item)
+            for _ in range(count - 1):
+                self._order.read(item)
+            self._order.listed(item)
+
+    def request(self, key: str, rows: int) -> bool:
+        """One request of `key`: True on a hit; a miss admits it, evicting the least frequent."""
+        resident, order = self._resident, self._order
+        found = resident.get(key)
+        if found is not None:
+            order.read(found)
+            return True
+        if rows > self.capacity:
+            return False
+        if self.used + rows > self.capacity:
+            for victim in order.victims(self.used + rows - self.capacity, ()):
+                del resident[victim.key]
+                self.used -= victim.rows
+                order.freed(victim)
+        item = ShadowKey(key, rows)
+        resident[key] = item
+        self.used += rows
+        order.reserved(item)
+        order.listed(item)
+        return False
+
+
+class DuelPolicy(LfuPolicy[Entry]):
+    """LFU or LRU order, chosen by a shadow region of the other (module docstring)."""
+
+    name = "duel"
+
+    def __init__(
+        self, num_blocks: int, evictable: Mapping[str, Entry], *, window: float = WINDOW, z: float = Z
+    ) -> None:
+        super().__init__(num_blocks, evictable)
+        self._blocks = num_blocks
+        self._lru: OrderedDict[str, _Counted[Entry]] | None = None  # while following LRU: least recent first
+        self._shadow: LruShadow | LfuShadow = LruShadow(num_blocks)
+        self._ask = self._shadow.request
+        self._lead = 0.0  # decayed: the shadow's hits the region missed, less the reverse
+        self._differed = 0.0  # decayed: requests where the two differed
+        self._countdown = 1  # requests left in this period
+        self._keep = 2.0 ** (-1.0 / window)
+        self._z = z
+
+    @property
+    def follows_lru(self) -> bool:
+        """Whether the region is evicted in LRU order now (LFU order otherwise)."""
+        return self._lru is not None
+
+    def reserved(self, entry: Entry) -> None:
+        LfuPolicy.reserved(self, entry)
+        self._duel(entry, hit=False)
+
+    def read(self, entry: Entry) -> None:
+        LfuPolicy.read(self, entry)
+        if self._lru is not None and entry.key in self._lru:
+            self._lru.move_to_end(entry.key)
+        self._duel(entry, hit=True)
+
+    def listed(self, entry: Entry) -> None:
+        LfuPolicy.listed(self, entry)
+        if self._lru is not None:
+            self._lru.setdefault(entry.key, self._nodes[entry.key])
+
+    def freed(self, entry: Entry) -> None:
+        LfuPolicy.freed(self, entry)
+        if self._lru is not None:
+            self._lru.pop(entry.key, None)
+
+    def victims(self, needed: int, protect: Container[str]) -> list[Entry]:
+        lru = self._lru
+        if lru is None:
+            return LfuPolicy.victims(self, needed, protect)
+        out: list[Entry] = []
+        evictable = self._evictable
+        while needed > 0:
+            for _ in range(len(lru)):
+                key, node = next(iter(lru.items()))
+                if evictable.get(key) is node.entry and key not in protect:
+                    break
+                lru.move_to_end(key)  # held for now: it goes round
+            else:
+                raise AssertionError("victims() called with too few evictable blocks")
+            del lru[key]
+            node.stamp = 0  # its LFU queue item is stale now
+            out.append(node.entry)
+            needed -= node.entry.rows
+        return out
+
+    def queued(self) -> int:
+        return LfuPolicy.queued(self) + (len(self._lru) if self._lru is not None else 0)
+
+    def rank(self, entry: Entry) -> tuple[int, int]:
+        if self._lru is not None:
+            return (0, entry.order)  # the table's queue number is recency
+        return LfuPolicy.rank(self, entry)
+
+    # --- internals -----------------------------------------------------------------------------
+
+    def _duel(self, entry: Entry, *, hit: bool) -> None:
+        if self._ask(entry.key, entry.rows) is not hit:
+            self._lead += -1.0 if hit else 1.0
+            self._differed += 1.0
+        self._countdown -= 1
+        if self._countdown > 0:
+            return
+        self._countdown = len(self._nodes)
+        if self._lead > self._z * math.sqrt(self._differed):
+            self._turn()
+        else:
+            self._lead *= self._keep
+            self._differed *= self._keep
+
+    def _turn(self) -> None:
+        """Follow the shadow's order; a new shadow, filled with the region's entries, replays the
+        order left."""
+        held = sorted(self._nodes.values(), key=_order_of)  # least recent first
+        if self._lru is None:
+            self._lru = OrderedDict((node.entry.key, node) for node in held if node.stamp > 0)
+            self._shadow = LfuShadow(self._blocks, ((n.entry.key, n.entry.rows, n.count) for n in held))
+        else:
+            self._lru = None
+            self._shadow = LruShadow(self._blocks, ((n.entry.key, n.entry.rows) for n in held))
+        self._ask = self._shadow.request
+        self._lead = self._differed = 0.0
+
+
+def _order_of(node: _Counted[Entry]) -> int:
+    return node.entry.order

@@ -1,0 +1,122 @@
+"""The `duel` eviction policy (ec_connector/domain/eviction_duel.py): its shadow regions hit as
+the plain orders they replay, it turns to the order its shadow shows hitting more and back, and
+the victims follow the order it holds (with one order held, against a reference model:
+test_properties_eviction.py; the table's guarantees under every policy: test_eviction.py)."""
+
+from __future__ import annotations
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from ec_connector.domain.cache import EntryTable
+from ec_connector.domain.eviction_duel import DuelPolicy, LfuShadow, LruShadow
+from tests.unit.property_checks import SETTINGS
+from tests.unit.table_helpers import request
+
+
+def _table(num_blocks: int, **kw: float) -> tuple[EntryTable, DuelPolicy]:
+    table = EntryTable(num_blocks, eviction="duel")
+    policy = table._policy
+    assert isinstance(policy, DuelPolicy)
+    if kw:
+        policy = DuelPolicy(num_blocks, table._evictable, **kw)
+        table._policy = policy
+    return table, policy
+
+
+@SETTINGS
+@given(requests=st.lists(st.tuples(st.integers(0, 12), st.integers(1, 5)), max_size=80))
+def test_the_lru_shadow_hits_as_a_plain_lru_list(requests):
+    shadow = LruShadow(10)
+    model: list[tuple[str, int]] = []  # least recent first
+    for k, rows in requests:
+        key = f"k{k}"
+        rows_of = dict(model)
+        if key in rows_of:
+            rows = rows_of[key]  # a key keeps its size while held
+        expected = key in rows_of
+        assert shadow.request(key, rows) is expected
+        if expected:
+            model.remove((key, rows))
+        elif rows <= 10:
+            while sum(r for _, r in model) + rows > 10:
+                model.pop(0)
+        else:
+            continue
+        model.append((key, rows))
+        assert shadow.used == sum(r for _, r in model) <= 10
+
+
+def test_the_lfu_shadow_keeps_the_most_requested_keys_and_refuses_what_cannot_fit():
+    shadow = LfuShadow(4)
+    for _ in range(3):
+        for key in "ab":
+            shadow.request(key, 1)
+    for n in range(20):  # one-offs pass through the two free blocks
+        assert shadow.request(f"once{n}", 1) is False
+    assert shadow.request("a", 1) and shadow.request("b", 1)
+    assert shadow.request("huge", 5) is False and shadow.used <= 4
+
+
+def test_on_stationary_popularity_it_stays_with_lfu_and_keeps_the_popular_keys():
+    table, policy = _table(10)
+    hot = [f"h{i}" for i in range(6)]
+    hits = 0
+    for n in range(400):
+        # a hot key every other request, a one-off in between: LRU would evict hot keys that
+        # come back, LFU evicts one-offs
+        hits += request(table, hot[n % len(hot)])
+        request(table, f"once{n}")
+    assert not policy.follows_lru
+    assert all(key in table for key in hot)
+    assert hits > 0.95 * 400
+
+
+def _stale_then_cycling(table: EntryTable) -> None:
+    for _ in range(10):  # high counts for keys never requested again
+        for key in [f"a{i}" for i in range(6)]:
+            request(table, key)
+    for _ in range(40):  # 8 new keys cycle: LFU keeps the stale ones and thrashes on the new
+        for key in [f"b{i}" for i in range(8)]:
+            request(table, key)
+
+
+def test_when_popularity_moves_it_turns_to_lru_and_the_stale_keys_leave():
+    table, policy = _table(10)
+    _stale_then_cycling(table)
+    assert policy.follows_lru
+    assert sum(f"a{i}" in table for i in range(6)) <= 2
+    assert all(f"b{i}" in table for i in range(8))
+
+
+def test_it_turns_back_to_lfu_when_popularity_holds_still_again():
+    table, policy = _table(10)
+    _stale_then_cycling(table)
+    assert policy.follows_lru
+    hot = [f"h{i}" for i in range(6)]
+    for n in range(400):
+        request(table, hot[n % len(hot)])
+        request(table, f"once{n}")
+    assert not policy.follows_lru
+    assert all(key in table for key in hot)
+
+
+def test_a_shadow_lead_within_its_noise_does_not_turn_it():
+    """With `z` large the same evidence that turned it above is not enough."""
+    table, policy = _table(10, z=50.0)
+    _stale_then_cycling(table)
+    assert not policy.follows_lru
+
+
+def test_in_lru_order_a_held_entry_goes_round_and_the_next_is_taken():
+    table, policy = _table(4)
+    policy._turn()
+    for key in "abcd":
+        request(table, key)
+    table.announce("a", now=0.0, lease_s=30.0)  # the least recent is held (announced to a peer)
+    res = table.reserve("e", 1, now=1.0, lease_s=30.0)
+    assert res is not None and [e.key for e in res.evicted] == ["b"]
+    request(table, "c")
+    res = table.reserve("f", 1, now=2.0, lease_s=30.0)
+    assert res is not None and [e.key for e in res.evicted] == ["d"]  # "c" was read since
+    assert policy.rank(table.get("c")) > policy.rank(table.get("e"))
