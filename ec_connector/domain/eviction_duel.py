@@ -21,9 +21,13 @@ are multiplied by `2 ** (-1 / window)`, so the lead is recent evidence. This is 
   table's queue numbers (an entry's `order` is renewed when its last pin or grant is released:
   it was just read), kept while the policy follows LRU, dropped when it turns back.
 
+**Copies pulled from peers** (fleet sharing, `copied`) wait in a queue of their own, oldest
+first, which gives every victim it can before either order is asked, as under `s3fifo`: the
+pulling request's load is not counted (not a read, not a request of the duel), and a copy read
+here again leaves that queue as this replica's own entry, counted from then on.
+
 Every operation is O(1) amortised (the shadow is an OrderedDict, or `LfuPolicy` over keys, and a
-turn costs O(entries log entries) at most once a period). Copies pulled from peers are ordered as
-any entry.
+turn costs O(entries log entries) at most once a period).
 """
 
 from __future__ import annotations
@@ -125,6 +129,7 @@ class DuelPolicy(LfuPolicy[Entry]):
         super().__init__(num_blocks, evictable)
         self._blocks = num_blocks
         self._lru: OrderedDict[str, _Counted[Entry]] | None = None  # while following LRU: least recent first
+        self._copies: OrderedDict[str, int] = OrderedDict()  # pulled copies -> reads seen, oldest first
         self._shadow: LruShadow | LfuShadow = LruShadow(num_blocks)
         self._ask = self._shadow.request
         self._lead = 0.0  # decayed: the shadow's hits the region missed, less the reverse
@@ -143,26 +148,47 @@ class DuelPolicy(LfuPolicy[Entry]):
         self._duel(entry, hit=False)
 
     def read(self, entry: Entry) -> None:
+        copy_reads = self._copies.get(entry.key)
+        if copy_reads is not None:
+            if copy_reads == 0:  # the pulling request's load says nothing of reuse here
+                self._copies[entry.key] = 1
+                return
+            del self._copies[entry.key]  # read here again: this replica's own from now on
         LfuPolicy.read(self, entry)
         if self._lru is not None and entry.key in self._lru:
             self._lru.move_to_end(entry.key)
         self._duel(entry, hit=True)
 
+    def copied(self, entry: Entry) -> None:
+        if self._nodes[entry.key].stamp == 0:  # not queued yet (the table marks copies before READY)
+            self._copies[entry.key] = 0
+
     def listed(self, entry: Entry) -> None:
+        if entry.key in self._copies:
+            return  # it keeps its place among the copies
         LfuPolicy.listed(self, entry)
         if self._lru is not None:
             self._lru.setdefault(entry.key, self._nodes[entry.key])
 
     def freed(self, entry: Entry) -> None:
+        self._copies.pop(entry.key, None)
         LfuPolicy.freed(self, entry)
         if self._lru is not None:
             self._lru.pop(entry.key, None)
 
     def victims(self, needed: int, protect: Container[str]) -> list[Entry]:
-        lru = self._lru
-        if lru is None:
-            return LfuPolicy.victims(self, needed, protect)
         out: list[Entry] = []
+        while needed > 0 and self._copies:
+            copy = self._from_copies(protect)
+            if copy is None:
+                break  # every copy is held
+            out.append(copy)
+            needed -= copy.rows
+        lru = self._lru
+        if needed <= 0:
+            return out
+        if lru is None:
+            return out + LfuPolicy.victims(self, needed, protect)
         evictable = self._evictable
         while needed > 0:
             for _ in range(len(lru)):
@@ -179,14 +205,29 @@ class DuelPolicy(LfuPolicy[Entry]):
         return out
 
     def queued(self) -> int:
-        return LfuPolicy.queued(self) + (len(self._lru) if self._lru is not None else 0)
+        return LfuPolicy.queued(self) + len(self._copies) + (len(self._lru) if self._lru is not None else 0)
 
     def rank(self, entry: Entry) -> tuple[int, int]:
+        if entry.key in self._copies:
+            return (-1, entry.order)  # copies first, oldest first
         if self._lru is not None:
             return (0, entry.order)  # the table's queue number is recency
         return LfuPolicy.rank(self, entry)
 
     # --- internals -----------------------------------------------------------------------------
+
+    def _from_copies(self, protect: Container[str]) -> Entry | None:
+        """The oldest evictable copy, taken out of the copies' queue; held ones go round. None
+        when a whole round finds none."""
+        copies, evictable = self._copies, self._evictable
+        for _ in range(len(copies)):
+            key = next(iter(copies))
+            entry = evictable.get(key)
+            if entry is not None and entry is self._nodes[key].entry and key not in protect:
+                del copies[key]
+                return entry
+            copies.move_to_end(key)
+        return None
 
     def _duel(self, entry: Entry, *, hit: bool) -> None:
         if self._ask(entry.key, entry.rows) is not hit:

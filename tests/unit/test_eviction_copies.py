@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from ec_connector.domain.cache import EntryTable
 from ec_connector.domain.errors import IllegalTransition
-from ec_connector.domain.eviction import FIFO, POLICIES, S3FIFO
+from ec_connector.domain.eviction import DUEL, FIFO, POLICIES, S3FIFO
 from tests.unit.test_eviction import (
     LEASE,
     SETTINGS,
@@ -24,6 +24,8 @@ from tests.unit.test_eviction import (
     seed,
 )
 
+COPY_AWARE = [S3FIFO, DUEL]
+
 
 def _copy(table: EntryTable, key: str, rows: int, *, loaded: bool = True) -> None:
     """A fleet pull of `key`: reserved, marked a copy, READY, then loaded by its request."""
@@ -34,15 +36,17 @@ def _copy(table: EntryTable, key: str, rows: int, *, loaded: bool = True) -> Non
         _read(table, key)
 
 
-def test_a_pulled_copy_goes_before_an_older_entry_encoded_here():
-    table = EntryTable(20, eviction=S3FIFO)
+@pytest.mark.parametrize("policy", COPY_AWARE)
+def test_a_pulled_copy_goes_before_an_older_entry_encoded_here(policy):
+    table = EntryTable(20, eviction=policy)
     _ready(table, "own", 10)
     _copy(table, "copy", 10)
     assert _evicted(table, "new", 5) == ["copy"]
 
 
-def test_a_copy_goes_before_main_queue_entries_too_and_oldest_copy_first():
-    table = EntryTable(40, eviction=S3FIFO)
+@pytest.mark.parametrize("policy", COPY_AWARE)
+def test_a_copy_goes_before_main_queue_entries_too_and_oldest_copy_first(policy):
+    table = EntryTable(40, eviction=policy)
     for key in ("a", "b"):
         _ready(table, key, 10)
         _read(table, key)
@@ -53,26 +57,29 @@ def test_a_copy_goes_before_main_queue_entries_too_and_oldest_copy_first():
     assert _evicted(table, "y", 5) == ["c2"]
 
 
-def test_a_copy_read_here_again_is_kept_as_this_replicas_own():
-    table = EntryTable(20, eviction=S3FIFO)
+@pytest.mark.parametrize("policy", COPY_AWARE)
+def test_a_copy_read_here_again_is_kept_as_this_replicas_own(policy):
+    table = EntryTable(20, eviction=policy)
     _ready(table, "own", 10)
     _copy(table, "copy", 10)
-    _read(table, "copy")  # a local request after the pulling load: it joins the small queue, read
-    # "own" (small queue, never read) is now the first to go; the copy moves to the main queue
+    _read(table, "copy")  # a local request after the pulling load: it is this replica's own, read
+    # "own" (never read) is now the first to go (s3fifo: from the small queue; duel: fewer requests)
     assert _evicted(table, "new", 5) == ["own"]
     assert "copy" in table
 
 
-def test_a_held_copy_is_passed_over():
-    table = EntryTable(20, eviction=S3FIFO)
+@pytest.mark.parametrize("policy", COPY_AWARE)
+def test_a_held_copy_is_passed_over(policy):
+    table = EntryTable(20, eviction=policy)
     _ready(table, "own", 10)
     _copy(table, "copy", 10)
     table.grant("copy", 1, now=0.0, lease_s=LEASE)  # another peer READs the copy
     assert _evicted(table, "new", 5) == ["own"]
 
 
-def test_only_a_reservation_can_be_marked_a_copy():
-    table = EntryTable(20, eviction=S3FIFO)
+@pytest.mark.parametrize("policy", COPY_AWARE)
+def test_only_a_reservation_can_be_marked_a_copy(policy):
+    table = EntryTable(20, eviction=policy)
     _ready(table, "k", 4)
     with pytest.raises(IllegalTransition):
         table.mark_copy("k")
