@@ -15,8 +15,9 @@ Two halves, on two threads:
   (`{key: {"metadata": {}, "peer_host", "peer_port", "size_bytes"}}`): XferReq, NIXL READ into
   the local region, and every fallback and bound of that path. A pull is not started when the
   local region cannot take it (the fetcher's reservation fails: `region_full`, no request sent).
-  A started pull's entry is marked a copy (`TierScheduler.mark_copy`): under `s3fifo` it is the
-  first to go unless read here again, so replicas sharing a working set keep it about once.
+  A started pull's entry is marked a copy (`TierScheduler.mark_copy`): under `duel` and `s3fifo`
+  it is the first to go unless read here again, so replicas sharing a working set keep it about
+  once.
 
 Keys are the tier's entry keys (`domain/scope.py`): a request under scope S asks for its scoped
 keys, so it can only be served entries stored under S, locally and from peers.

@@ -3,8 +3,9 @@
 The serving bench's measured hit ratio comes from engines; this module gives, from the trace
 alone and in milliseconds, what the eviction policies make of the same requests, so a report can
 print "expected" beside "measured". The workload's requests, in order, one a step, are replayed
-through our EntryTable (replay.py's `replay_hits`, as bench/eviction.py does) with the shipped
-`fifo` (the order vLLM's ECCPUConnector evicts in) and `s3fifo`, and with Belady's offline MIN
+through our EntryTable (replay.py's `replay_hits`, as bench/eviction.py does) with `fifo` (the
+order vLLM's ECCPUConnector evicts in), `s3fifo` and the shipped default (`duel`; ours' policy too
+when the run sets one: `ours_eviction`), and with Belady's offline MIN
 (the reference no online policy beats by much); the fill is served but only the measured passes
 count. Blocks are 7 KiB rows (a hidden-3584 bf16 model, cache_traces.ROW_BYTES): an image takes
 ceil(item bytes / 7 KiB) blocks, the region floor(region bytes / 7 KiB).
@@ -12,7 +13,8 @@ ceil(item bytes / 7 KiB) blocks, the region floor(region bytes / 7 KiB).
 An engine serves a run's workloads one after the other, so the region a workload meets holds what
 the earlier ones left: the replay serves those first (`history`), unmeasured, as the engine did.
 What they leave matters to a policy that keeps what was read: after `repeat`, `s3fifo`'s main
-queue holds the repeat pool's images, which a pressure fill pushes out only slowly.
+queue holds the repeat pool's images, which a pressure fill pushes out only slowly. The
+per-replica and fleet replays use the default (`default_eviction`).
 
 What the replay leaves out: vLLM's own GPU encoder cache (a few images; it adds hits to every
 arm, `none` included), requests in flight at once (a repeat of an image whose save has not
@@ -31,9 +33,10 @@ from ec_connector.benchmarks.cache_traces import ROW_BYTES, engine_trace
 from ec_connector.benchmarks.replay import BeladyPolicy, RequestClock, replay_hits, request_positions
 from ec_connector.benchmarks.replay_pair import replay_pair
 from ec_connector.benchmarks.serving_engine import replica_for
+from ec_connector.domain.eviction import DEFAULT_POLICY, FIFO, S3FIFO
 from ec_connector.domain.pull_rule import PullRule
 
-ONLINE = ("fifo", "s3fifo")
+ONLINE: tuple[str, ...] = tuple(dict.fromkeys((FIFO, S3FIFO, DEFAULT_POLICY)))
 
 
 def hit_ratios(
@@ -85,9 +88,9 @@ def expected(
     flat_rows = [max(1, math.ceil(b / ROW_BYTES)) for p, b in served for _ in p["seeds"]]
     routes = [replica_for(i, replicas) for p, _ in served for i in range(len(p["seeds"]))]
     skip = sum(len(p["seeds"]) for p, _ in served[:first])
-    policies = ONLINE if ours_policy in (None, *ONLINE) else (*ONLINE, ours_policy)
+    policies = ONLINE if ours_policy is None or ours_policy in ONLINE else (*ONLINE, ours_policy)
     whole = hit_ratios(flat, skip, flat_rows, region_bytes // ROW_BYTES, policies)
-    out: dict[str, Any] = {"expected_hit_ratio": _rounded(whole)}
+    out: dict[str, Any] = {"expected_hit_ratio": _rounded(whole), "default_eviction": DEFAULT_POLICY}
     if history:
         out["expected_after_requests"] = len(flat) - sum(len(p["seeds"]) for p in wl["passes"])
     if ours_policy:
@@ -110,7 +113,7 @@ def expected(
             fleet = replay_pair(
                 trace, sides, share=True, rule=rule, count_from=skip, replica_of=routes.__getitem__
             )
-            out["expected_hit_ratio_fleet"] = {"s3fifo": round(fleet["hit_ratio"], 4)}
+            out["expected_hit_ratio_fleet"] = {DEFAULT_POLICY: round(fleet["hit_ratio"], 4)}
     return out
 
 

@@ -10,7 +10,7 @@ rows (``fleet-repeat``, ``fleet-pressure``) compare ``fleet`` with ``local`` and
 (per-replica tiers) and its hit ratio with ``single``'s (one engine, the same total region).
 Pressure rows also give each arm's measured hit ratio beside the one expected from a replay of
 the same requests through our table (serving_expected.py, recorded in the workload's notes):
-``upstream`` against ``fifo``, ``ours`` / ``single`` / ``local`` against ``s3fifo`` (``local``
+``upstream`` against ``fifo``, ``ours`` / ``single`` / ``local`` against the run's default eviction (``local``
 and the fleet's ``upstream`` with a region per replica); ``fleet`` against the range from a
 region per replica to one region of both regions' bytes, and a line of a measured pass's wall time
 against the items it encoded (``pass_line``), with the req/s ratio the arms' encoded items alone
@@ -57,13 +57,16 @@ FLEET_RATIOS = (
 )
 
 Cell = dict[tuple[str, int], float]  # (run_id, round) -> value
-# arm -> (notes key, policy) of its expected hit ratio; fleet mode's per-replica arms differ
-EXPECTED_BY_ARM = {"upstream": ("expected_hit_ratio", "fifo"), "ours": ("expected_hit_ratio", "s3fifo")}
+# arm -> (notes key, policy) of its expected hit ratio, OURS standing for the run's default
+# eviction (`default_eviction`; "s3fifo" in runs that did not record it: it was the default then);
+# fleet mode's per-replica arms differ
+OURS = "ours"
+EXPECTED_BY_ARM = {"upstream": ("expected_hit_ratio", "fifo"), "ours": ("expected_hit_ratio", OURS)}
 FLEET_EXPECTED_BY_ARM = {
     "upstream": ("expected_hit_ratio_per_replica", "fifo"),
-    "local": ("expected_hit_ratio_per_replica", "s3fifo"),
-    "single": ("expected_hit_ratio", "s3fifo"),
-    "fleet": ("expected_hit_ratio_fleet", "s3fifo"),
+    "local": ("expected_hit_ratio_per_replica", OURS),
+    "single": ("expected_hit_ratio", OURS),
+    "fleet": ("expected_hit_ratio_fleet", OURS),
 }
 _WHERE = {"expected_hit_ratio_per_replica": " a region per replica", "expected_hit_ratio_fleet": " pulling"}
 
@@ -115,20 +118,22 @@ def expected_line(key: str, notes: dict[str, Any], arms: dict[str, dict[str, Cel
         return None
     fleet = key.startswith("fleet-")
     table = FLEET_EXPECTED_BY_ARM if fleet else EXPECTED_BY_ARM
+    default = notes.get("default_eviction", "s3fifo")
     parts = []
     for arm in [a for a in ARM_ORDER if a in arms]:
         vals = list(arms[arm].get("hit_ratio", {}).values())
         measured = f"{median(vals):.2f}" if vals else "-"
         where, policy = table.get(arm, ("", ""))
+        policy = default if policy == OURS else policy
         if arm == "ours" and not fleet:  # a run with --ours-extra '{"ec_eviction": ...}'
             policy = notes.get("ours_eviction", policy)
         ratio = notes.get(where, {}).get(policy)
         if ratio is not None:
             parts.append(f"{arm} {measured} / {ratio:.2f} ({policy}{_WHERE.get(where, '')})")
         elif fleet and arm == "fleet" and "expected_hit_ratio_per_replica" in notes:  # JSON without the pair
-            low = notes["expected_hit_ratio_per_replica"]["s3fifo"]
-            span = f"{low:.2f}-{exp['s3fifo']:.2f}"
-            parts.append(f"fleet {measured} / {span} (s3fifo, a region each - one region)")
+            low = notes["expected_hit_ratio_per_replica"][default]
+            span = f"{low:.2f}-{exp[default]:.2f}"
+            parts.append(f"fleet {measured} / {span} ({default}, a region each - one region)")
         elif arm == "none":
             parts.append(f"none {measured} (vLLM's own encoder cache)")
     return (

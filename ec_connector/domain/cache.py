@@ -5,8 +5,9 @@ Rules held here:
 - space is made by evicting READY, unpinned, unannounced entries, in the order of the table's
   eviction policy (`domain/eviction.py`): `fifo`, reservation order with an entry sent to the back
   of the queue when its last pin or grant is released (it was just read: a load or a peer's READ),
-  as vLLM's EmbeddingCache re-queues an entry on unpin; or `s3fifo`, which keeps what is read again
-  and lets images seen once, and copies pulled from peers (`mark_copy`), go first. The table
+  as vLLM's EmbeddingCache re-queues an entry on unpin; or `duel`, `s3fifo` and `lecar`, which keep
+  what is requested again (`duel` and `s3fifo` let copies pulled from peers, `mark_copy`, go
+  first). The table
   counts reads (pins and grants) for the policy and tells it what became evictable; the policy
   never evicts by itself;
 - an allocation that cannot fit even after evicting every evictable entry fails at once and evicts
@@ -26,7 +27,7 @@ Rules held here:
 Costs: metadata is O(entries) (plus outstanding grants, and the policy's ghost keys). The evictable
 entries are kept apart (a map, a running count of their blocks, and the policy's queue), so a
 reservation that cannot fit fails in O(1) and one that evicts costs the policy's price per victim
-(O(log entries) for `fifo`, O(1) amortised for `s3fifo`); a lookup is one dict read (`phase_of`).
+(O(log entries) for `fifo`, O(1) amortised for the others); a lookup is one dict read (`phase_of`).
 Heaps and queues with lazily deleted items are rebuilt from the live state whenever they have
 doubled since the last rebuild, so stale items never outnumber live ones by more than a constant.
 """
@@ -221,7 +222,7 @@ class EntryTable:
 
     def mark_copy(self, key: str) -> Entry:
         """The NOT_READY entry `key` is a copy of an item a live peer still holds (a fleet pull):
-        the eviction policy may let it go before the entries this replica encoded (`s3fifo`:
+        the eviction policy may let it go before the entries this replica encoded (`duel`, `s3fifo`:
         first of all, unless it is read here again; `fifo`: no difference). Raises
         IllegalTransition once the entry is READY (it has taken its queue place by then)."""
         entry = self._require(key)

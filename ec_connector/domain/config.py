@@ -105,8 +105,8 @@ class ConnectorConfig:
     at least `min_run_bytes`), so it is placed in at most this many runs, evicting a little more
     (oldest first) where that is what it takes, as the floor does. 0 turns it off."""
     eviction: str = DEFAULT_POLICY
-    """The tier's eviction policy (`ec_eviction`): "s3fifo" (default) or "fifo" (vLLM's
-    EmbeddingCache order, for drop-in parity); docs/eviction.md compares them."""
+    """The tier's eviction policy (`ec_eviction`): "duel" (default), "s3fifo", "lecar" or "fifo"
+    (vLLM's EmbeddingCache order, for drop-in parity); docs/eviction.md compares them."""
     tenant_scopes: bool = True
     """Keep the entries of requests with different `cache_salt`s apart (`tenant_scopes`): a salted
     request's items are stored and looked up under keys of its salt's scope (domain/scope.py);

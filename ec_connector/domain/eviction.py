@@ -1,7 +1,7 @@
 """Eviction policies of the entry table: in which order evictable entries go.
 
 The table decides which entries are evictable (READY, no pin, no grant, announcement ended, not
-protected by the caller) and how many blocks it needs; a policy only orders them. Two ship:
+protected by the caller) and how many blocks it needs; a policy only orders them. Four ship:
 
 - `fifo`: the queue of vLLM's EmbeddingCache. Entries go in reservation order, and an entry goes
   to the back when its last pin or grant is released (it was just read). A min-heap by the entry's
@@ -23,11 +23,12 @@ protected by the caller) and how many blocks it needs; a policy only orders them
 - `lecar` (ec_connector/domain/eviction_lecar.py): LRU and LFU as two experts weighted by how
   often their evictions were wanted again; fewer misses than `s3fifo` where popularity is stable
   or drifts, more on a trace of one-off bursts' neighbours (docs/eviction.md).
-- `duel` (ec_connector/domain/eviction_duel.py): LFU order or LRU order, whichever a shadow
-  region replaying the other shows hitting more; the fewest misses of the four where popularity
-  holds still, about `fifo`'s where the ranking moves (docs/eviction.md).
+- `duel` (the default; ec_connector/domain/eviction_duel.py): LFU order or LRU order, whichever
+  a shadow region replaying the other shows hitting more; the fewest misses of the four where
+  popularity holds still, within a point of `fifo`'s where the ranking moves; pulled copies go
+  first as under `s3fifo` (docs/eviction.md).
 
-Both are O(1) amortised per table operation (`fifo`: O(log entries) per victim) and never scan the
+All are O(1) amortised per table operation (`fifo`: O(log entries) per victim) and never scan the
 table: the queues are deques (or a heap) of entries with lazy deletion, compacted when stale items
 outnumber live ones.
 """
@@ -50,10 +51,10 @@ DUEL = "duel"
 POLICIES = (FIFO, S3FIFO, LECAR, DUEL)
 """Accepted values of `ec_eviction`."""
 
-DEFAULT_POLICY = S3FIFO
-"""The tier's default: within 1 point of `fifo`'s misses on every trace measured, those where
-popularity shifts included, and 0.83-0.87x them on skewed popularity at regions of 10-25%, at
-0.94-1.03x its step time (docs/eviction.md)."""
+DEFAULT_POLICY = DUEL
+"""The tier's default: within 1 point of `fifo`'s misses on every trace measured (+0.37 at most),
+0.77-0.85x them on skewed popularity at regions of 10-25%, at 1.05-1.09x its step time
+(docs/eviction.md)."""
 
 SMALL_SHARE = 0.10  # S3-FIFO's small queue: the paper's 10%, counted in blocks
 GHOST_SHARE = 0.40

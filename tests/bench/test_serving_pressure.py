@@ -52,11 +52,16 @@ def test_the_fleet_fill_counts_the_fleets_total_region() -> None:
 
 
 def test_a_cyclic_scan_one_image_larger_than_the_region_never_hits_in_fifo_and_half_in_belady() -> None:
-    # region of 2 images, A B C over and over; the first 3 requests fill. FIFO (and S3-FIFO, which
-    # has nothing hit twice to keep) always evicts the next one asked; Belady keeps it every other
-    # request: hit A, miss B, hit C, miss A, hit B, miss C
-    assert hit_ratios([A, B, C] * 3, 3, 768, 2 * 768) == {"fifo": 0.0, "s3fifo": 0.0, "belady": 0.5}
-    assert hit_ratios([A, B] * 3, 2, 768, 2 * 768) == {"fifo": 1.0, "s3fifo": 1.0, "belady": 1.0}
+    # region of 2 images, A B C over and over; the first 3 requests fill. FIFO (and S3-FIFO and
+    # duel, which have nothing hit twice to keep) always evicts the next one asked; Belady keeps it
+    # every other request: hit A, miss B, hit C, miss A, hit B, miss C
+    assert hit_ratios([A, B, C] * 3, 3, 768, 2 * 768) == {
+        "fifo": 0.0,
+        "s3fifo": 0.0,
+        "duel": 0.0,
+        "belady": 0.5,
+    }
+    assert hit_ratios([A, B] * 3, 2, 768, 2 * 768) == {"fifo": 1.0, "s3fifo": 1.0, "duel": 1.0, "belady": 1.0}
     # only the measured requests count: the fill's misses are not in the ratio
     assert hit_ratios([A, B, A, B], 0, 768, 2 * 768)["fifo"] == 0.5
 
@@ -67,11 +72,11 @@ def test_per_replica_ratios_follow_the_round_robin_client() -> None:
 
     # each replica's region holds one image: A always to replica 0, B to 1 -> every repeat hits
     same = expected(passes([A, B], [A, B]), ITEM, 2 * ITEM, replicas=2)
-    assert same["expected_hit_ratio_per_replica"] == {"fifo": 1.0, "s3fifo": 1.0}
+    assert same["expected_hit_ratio_per_replica"] == {"fifo": 1.0, "s3fifo": 1.0, "duel": 1.0}
     # swapped, each replica gets the image the other saw: no hit, where one region of both has all
     swapped = expected(passes([A, B], [B, A]), ITEM, 2 * ITEM, replicas=2)
-    assert swapped["expected_hit_ratio"] == {"fifo": 1.0, "s3fifo": 1.0, "belady": 1.0}
-    assert swapped["expected_hit_ratio_per_replica"] == {"fifo": 0.0, "s3fifo": 0.0}
+    assert swapped["expected_hit_ratio"] == {"fifo": 1.0, "s3fifo": 1.0, "duel": 1.0, "belady": 1.0}
+    assert swapped["expected_hit_ratio_per_replica"] == {"fifo": 0.0, "s3fifo": 0.0, "duel": 0.0}
     assert "expected_hit_ratio_per_replica" not in expected(passes([A], [A]), ITEM, ITEM)
 
 
@@ -81,15 +86,16 @@ def test_the_pair_pulling_from_each_other_hits_what_the_other_replica_holds() ->
 
     # two images a replica: each measured request names the image the other replica encoded
     swapped = expected(passes([A, B], [B, A]), ITEM, 4 * ITEM, replicas=2)
-    assert swapped["expected_hit_ratio_per_replica"]["s3fifo"] == 0.0
-    assert swapped["expected_hit_ratio_fleet"] == {"s3fifo": 1.0}  # both pulled
+    assert swapped["expected_hit_ratio_per_replica"]["duel"] == 0.0
+    assert swapped["default_eviction"] == "duel"
+    assert swapped["expected_hit_ratio_fleet"] == {"duel": 1.0}  # both pulled
     # a third image only replica 0 ever sees: encoded there, no peer holds it
     fresh = expected(passes([A, B], [B, C]), ITEM, 4 * ITEM, replicas=2)
-    assert fresh["expected_hit_ratio_fleet"] == {"s3fifo": 0.5}
+    assert fresh["expected_hit_ratio_fleet"] == {"duel": 0.5}
     # a pull is a copy that needs room: with one image a replica, pulling B in replica 0 evicts A
     # there, so A's later request on replica 1 finds no holder and encodes
     tight = expected(passes([A, B], [B, A]), ITEM, 2 * ITEM, replicas=2)
-    assert tight["expected_hit_ratio_fleet"] == {"s3fifo": 0.5}
+    assert tight["expected_hit_ratio_fleet"] == {"duel": 0.5}
     assert "expected_hit_ratio_fleet" not in expected(passes([A], [A]), ITEM, ITEM)
 
 
@@ -101,12 +107,13 @@ def test_the_replay_serves_what_the_engine_served_before_so_s3fifos_kept_reads_c
     before = passes([X, Y], [X, Y], [Y, X])  # a repeat workload: X and Y read twice each
     cycle = passes([A, B, C, A, B, C, A, B], [A, B, C, A, B, C])
     fresh = expected(cycle, ITEM, 3 * ITEM)
-    assert fresh["expected_hit_ratio"] == {"fifo": 1.0, "s3fifo": 1.0, "belady": 1.0}
+    assert fresh["expected_hit_ratio"] == {"fifo": 1.0, "s3fifo": 1.0, "duel": 1.0, "belady": 1.0}
     assert "expected_after_requests" not in fresh
     # in a region of three images X and Y, read before, hold S3-FIFO's main queue: A, B and C
-    # take turns in the one place left, never read there; FIFO has long let X and Y go
+    # take turns in the one place left, never read there; FIFO has long let X and Y go, and so
+    # has duel: its LRU shadow hits the cycle that its LFU order (X and Y counted most) misses
     after = expected(cycle, ITEM, 3 * ITEM, history=[(before, ITEM)])
-    assert after["expected_hit_ratio"] == {"fifo": 1.0, "s3fifo": 0.0, "belady": 1.0}
+    assert after["expected_hit_ratio"] == {"fifo": 1.0, "s3fifo": 0.0, "duel": 1.0, "belady": 1.0}
     assert after["expected_after_requests"] == 6
     assert "(after the engine's 6 requests of the workloads before)" in plan_fill(
         {**after, "fill_requests": 8, "fill_rule": "given", "distinct_before_measured": 3}
@@ -131,7 +138,7 @@ def test_the_run_records_the_fill_and_the_expected_ratios_in_the_workload_notes(
     notes = pressure["notes"]
     assert notes["fill_requests"] == len(pressure["passes"][0]["seeds"]) and notes["region_images"] == 12
     exp = notes["expected_hit_ratio"]
-    assert set(exp) == {"fifo", "s3fifo", "belady"} and 0.0 < exp["fifo"] <= exp["belady"] <= 1.0
+    assert set(exp) == {"fifo", "s3fifo", "duel", "belady"} and 0.0 < exp["fifo"] <= exp["belady"] <= 1.0
     line = plan_fill(notes)
     assert line.startswith(f"fill {notes['fill_requests']} requests (auto: 36 distinct images), 36 distinct")
     assert f"belady {exp['belady']:.3f}" in line
@@ -140,7 +147,7 @@ def test_the_run_records_the_fill_and_the_expected_ratios_in_the_workload_notes(
     repeat, fleet = workloads(argparse.Namespace(**{**vars(args), "workloads": "fleet"}), geometry)
     assert fleet["notes"]["expected_after_requests"] == sum(len(p["seeds"]) for p in repeat["passes"]) > 0
     assert fleet["notes"]["distinct_before_measured"] == 72  # 3x the fleet's 24 images
-    assert set(fleet["notes"]["expected_hit_ratio_per_replica"]) == {"fifo", "s3fifo"}
+    assert set(fleet["notes"]["expected_hit_ratio_per_replica"]) == {"fifo", "s3fifo", "duel"}
     assert "a region per replica: fifo" in plan_fill(fleet["notes"])
 
 
@@ -198,6 +205,15 @@ def test_the_report_prints_measured_beside_expected_hit_ratios(capsys: pytest.Ca
     fleet["workloads"][0]["notes"]["expected_hit_ratio_fleet"] = {"s3fifo": 0.59}
     serving_report.print_report([fleet])
     assert "fleet 0.57 / 0.59 (s3fifo pulling), single 0.60 / 0.62 (s3fifo)" in capsys.readouterr().out
+    # runs before `default_eviction` was recorded ran s3fifo (above); a run that records it is
+    # reported against its default
+    single["run_id"] = "h"
+    single["workloads"][0]["notes"] = {
+        "expected_hit_ratio": {**exp, "duel": 0.65},
+        "default_eviction": "duel",
+    }
+    serving_report.print_report([single])
+    assert "upstream 0.58 / 0.56 (fifo), ours 0.62 / 0.65 (duel)" in capsys.readouterr().out
 
 
 def test_ours_eviction_from_ours_extra_is_replayed_and_reported_beside_ours() -> None:
@@ -217,7 +233,7 @@ def test_ours_eviction_from_ours_extra_is_replayed_and_reported_beside_ours() ->
     geometry = {"hidden": 3584, "min_pixels": 3136, "max_pixels": 12845056}
     notes = workloads(args, geometry)[0]["notes"]
     exp = notes["expected_hit_ratio"]
-    assert list(exp) == ["fifo", "s3fifo", "lecar", "belady"] and notes["ours_eviction"] == "lecar"
+    assert list(exp) == ["fifo", "s3fifo", "duel", "lecar", "belady"] and notes["ours_eviction"] == "lecar"
     assert 0.0 < exp["lecar"] <= exp["belady"]
     arms = {"ours": {"hit_ratio": {0: 0.5}}, "upstream": {"hit_ratio": {0: 0.25}}}
     line = serving_report.expected_line("pressure@896x672", notes, arms)

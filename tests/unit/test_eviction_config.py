@@ -13,9 +13,9 @@ def _parse(**extra: object):
     return parse_config({"ec_cpu_bytes": 1 << 20, **extra}, role="ec_both")
 
 
-def test_the_default_policy_is_s3fifo():
-    assert DEFAULT_POLICY == "s3fifo"
-    assert _parse().eviction == "s3fifo"
+def test_the_default_policy_is_duel():
+    assert DEFAULT_POLICY == "duel"
+    assert _parse().eviction == "duel"
 
 
 @pytest.mark.parametrize("value", POLICIES)
