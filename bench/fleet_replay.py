@@ -11,8 +11,12 @@ and by encoding, beside one table of the total bytes (`single`) and two tables t
     .venv/bin/python bench/fleet_replay.py --quick                           # ~1 min
 
 Model: `ec_connector.benchmarks.replay_pair` (its docstring has the rules): two of our `EntryTable`s
-(`R` blocks each, the shipped run floor and cap, `s3fifo`), fed round-robin by request, 1% of saves
-failing; a pull needs the shipped `PullRule` to find it worth it; directory and pull timing idealised.
+(`R` blocks each, the shipped run floor and cap), fed round-robin by request, 1% of saves failing; a
+pull needs the shipped `PullRule` to find it worth it; directory and pull timing idealised. `single`,
+`none` and `first` run `--eviction` (the shipped default, `duel`, unless named); the other copy
+rules are variants of `s3fifo`:
+
+    .venv/bin/python bench/fleet_replay.py --arms single none first --eviction s3fifo
 
 Copy rules (what the table does with a pulled copy):
 
@@ -23,9 +27,10 @@ Copy rules (what the table does with a pulled copy):
 - `demote-noghost`: `demote`, and a copy is never admitted to the main queue from the ghost list,
   nor remembered there when it goes;
 - `tail`: `demote`, and the copy joins the small queue at its eviction end (the next to go);
-- `first` (shipped: `EntryTable.mark_copy`, domain/eviction.py): copies wait in a queue of their
-  own, oldest first, that gives every victim it can before the small and main queues are asked;
-  the pulling load is not counted, and a copy read here again joins the small queue, read once;
+- `first` (shipped: `EntryTable.mark_copy`, under `s3fifo` and `duel`): copies wait in a queue of
+  their own, oldest first, that gives every victim it can before the policy's order is asked; the
+  pulling load is not counted, and a copy read here again becomes an entry of this replica's own
+  (under `s3fifo`: the small queue's, read once);
 - `first-strict`: `first`, but a copy never leaves the copies' queue;
 - `drop`: the copy is freed right after its load (one copy in the fleet, every remote repeat
   pulls again).
@@ -55,7 +60,7 @@ from bench.cache_traces import SOURCES, Item, Step, Trace, make_trace  # noqa: E
 from ec_connector.benchmarks.output import write_json  # noqa: E402
 from ec_connector.benchmarks.replay_pair import replay_pair  # noqa: E402
 from ec_connector.domain.entries import Entry  # noqa: E402
-from ec_connector.domain.eviction import _COPIES, _SMALL, S3FifoPolicy  # noqa: E402
+from ec_connector.domain.eviction import _COPIES, _SMALL, DEFAULT_POLICY, POLICIES, S3FifoPolicy  # noqa: E402
 from ec_connector.domain.pull_rule import PullRule  # noqa: E402
 
 COPY_RULES = ("keep", "demote", "demote-noghost", "tail", "first", "first-strict", "drop")
@@ -143,8 +148,10 @@ class CopyRuleS3Fifo(S3FifoPolicy):
         return out
 
 
-def _side(num_blocks: int, rule: str) -> OursSide:
-    side = OursSide(num_blocks)  # `first`: the shipped s3fifo, copies marked by the driver
+def _side(num_blocks: int, rule: str, eviction: str) -> OursSide:
+    # `single`, `none` and `first` (copies marked by the driver) run `eviction`; the research
+    # copy rules are S3-FIFO variants
+    side = OursSide(num_blocks, eviction=eviction)
     if rule in COPY_RULES and rule != "first":
         evictable = side.table._evictable  # swapped in before the first entry, as bench/eviction.py
         side.table._policy = CopyRuleS3Fifo(
@@ -159,13 +166,15 @@ def _side(num_blocks: int, rule: str) -> OursSide:
     return side
 
 
-def replay_fleet(trace: Trace, region_blocks: int, arm: str, rule: PullRule | None = None) -> dict[str, Any]:
+def replay_fleet(
+    trace: Trace, region_blocks: int, arm: str, rule: PullRule | None = None, eviction: str = DEFAULT_POLICY
+) -> dict[str, Any]:
     """Local hits, fleet hits (pulls) and encodes of `trace` under `arm` (`ARMS`): `single` is one
     table of 2x `region_blocks`, `none` two tables that do not share, a copy rule two tables that
     pull from each other. Requests alternate between the replicas (round-robin)."""
     if arm == "single":
-        return replay_pair(trace, [_side(2 * region_blocks, arm)], share=False, rule=rule)
-    sides = [_side(region_blocks, arm) for _ in range(2)]
+        return replay_pair(trace, [_side(2 * region_blocks, arm, eviction)], share=False, rule=rule)
+    sides = [_side(region_blocks, arm, eviction) for _ in range(2)]
     return replay_pair(trace, sides, share=arm in COPY_RULES, rule=rule)
 
 
@@ -224,12 +233,14 @@ def run(
     quick: bool = False,
     steps: int | None = None,
     arms: tuple[str, ...] = ARMS,
+    eviction: str = DEFAULT_POLICY,
     progress: Callable[[str], None] | None = None,
 ) -> dict[str, Any]:
     say = progress or (lambda _m: None)
-    out: dict[str, Any] = {"bench": "fleet_replay", "params": {"quick": quick, "steps": steps}, "cases": {}}
+    params = {"quick": quick, "steps": steps, "eviction": eviction}
+    out: dict[str, Any] = {"bench": "fleet_replay", "params": params, "cases": {}}
     for name, trace, blocks in cases(quick, steps):
-        cell = {arm: replay_fleet(trace, blocks, arm) for arm in arms}
+        cell = {arm: replay_fleet(trace, blocks, arm, eviction=eviction) for arm in arms}
         cell["_region_blocks"] = blocks  # type: ignore[assignment]
         out["cases"][name] = cell
         say(f"{name}: " + " ".join(f"{a}={cell[a]['encode_ratio']:.3f}" for a in arms))
@@ -287,6 +298,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true", help="shorter traces (1000 steps, 2000 draws)")
     ap.add_argument("--steps", type=int, default=None, help="steps of a cache trace (default 3000)")
     ap.add_argument("--arms", nargs="+", choices=ARMS, default=list(ARMS))
+    ap.add_argument(
+        "--eviction", choices=POLICIES, default=DEFAULT_POLICY, help="policy of single, none and first"
+    )
     ap.add_argument("--json", metavar="PATH")
     args = ap.parse_args(argv)
     arms = tuple(args.arms)
@@ -294,6 +308,7 @@ def main(argv: list[str] | None = None) -> int:
         quick=args.quick,
         steps=args.steps,
         arms=arms,
+        eviction=args.eviction,
         progress=lambda m: print(m, file=sys.stderr, flush=True),
     )
     print(render(res, arms), flush=True)

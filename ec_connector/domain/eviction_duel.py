@@ -10,13 +10,15 @@ A request that one side hits and the other misses counts for that side. Once per
 requests (a period), when the shadow's lead (its hits the region missed, less the reverse) is
 above `z` times the square root of the requests where the two differed, the policy turns to the
 shadow's order and a new shadow, filled with the region's entries, replays the order just left
-(a shadow that started empty would lose its first fill's misses to the full region); otherwise both counts
-are multiplied by `2 ** (-1 / window)`, so the lead is recent evidence. This is set dueling
-(Qureshi et al., ISCA '07) with a whole shadow in place of sampled sets.
+(a shadow that started empty would lose its first fill's misses to the full region); otherwise
+both counts are multiplied by `2 ** (-1 / window)`, so the lead is recent evidence. This is set
+dueling (Qureshi et al., ISCA '07) with a whole shadow in place of sampled sets.
 
 - LFU order is `LfuPolicy` (counts capped at 15, kept for evicted keys in a ghost of 4x the
   region's blocks, halved every 10x the tracked keys' accesses); it is kept for every entry while
-  the policy follows LRU, so turning back finds current counts.
+  the policy follows LRU, so turning back finds current counts. Turning to LRU is the sign that
+  popularity moved, so every count restarts at 1 then (the region's, the ghost's dropped, and the
+  new LFU shadow's): counts from before would keep LFU behind for as long as they last.
 - LRU order: an OrderedDict of the evictable entries, built when the policy turns to it from the
   table's queue numbers (an entry's `order` is renewed when its last pin or grant is released:
   it was just read), kept while the policy follows LRU, dropped when it turns back.
@@ -245,11 +247,13 @@ class DuelPolicy(LfuPolicy[Entry]):
 
     def _turn(self) -> None:
         """Follow the shadow's order; a new shadow, filled with the region's entries, replays the
-        order left."""
+        order left. Turning to LRU says popularity moved: the counts restart (the region's and the
+        new LFU shadow's), or the stale favourites would keep LFU behind for as long as they last."""
         held = sorted(self._nodes.values(), key=_order_of)  # least recent first
         if self._lru is None:
             self._lru = OrderedDict((node.entry.key, node) for node in held if node.stamp > 0)
-            self._shadow = LfuShadow(self._blocks, ((n.entry.key, n.entry.rows, n.count) for n in held))
+            self.forget_counts()
+            self._shadow = LfuShadow(self._blocks, ((n.entry.key, n.entry.rows, 1) for n in held))
         else:
             self._lru = None
             self._shadow = LruShadow(self._blocks, ((n.entry.key, n.entry.rows) for n in held))

@@ -126,6 +126,18 @@ class LfuPolicy(Generic[ItemT]):
         node = self._nodes[entry.key]
         return (node.count, node.stamp)
 
+    def forget_counts(self) -> None:
+        """Popularity has moved: every entry's count restarts at 1 (queue order kept) and the
+        ghost's counts are dropped. O(entries)."""
+        for node in self._nodes.values():
+            node.count = 1
+        self._ghost.clear()
+        self._ghost_rows = 0
+        live = heapq.merge(*self._queues, key=_stamp_of)
+        self._queues = [deque() for _ in range(LFU_CAP + 1)]
+        self._queues[1].extend(item for item in live if item[1].stamp == item[0])
+        self._items = len(self._queues[1])
+
     def _next(self, protect: Container[str]) -> _Counted[ItemT] | None:
         evictable = self._evictable
         for queue in self._queues:

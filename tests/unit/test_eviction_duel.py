@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 
 from ec_connector.domain.cache import EntryTable
 from ec_connector.domain.eviction_duel import DuelPolicy, LfuShadow, LruShadow
+from ec_connector.domain.eviction_lecar import LfuPolicy
 from tests.unit.property_checks import SETTINGS
 from tests.unit.table_helpers import request
 
@@ -120,3 +121,29 @@ def test_in_lru_order_a_held_entry_goes_round_and_the_next_is_taken():
     res = table.reserve("f", 1, now=2.0, lease_s=30.0)
     assert res is not None and [e.key for e in res.evicted] == ["d"]  # "c" was read since
     assert policy.rank(table.get("c")) > policy.rank(table.get("e"))
+
+
+def test_turning_to_lru_restarts_the_counts_so_stale_favourites_do_not_come_back_counted():
+    table, policy = _table(10)
+    _stale_then_cycling(table)  # "a0".."a5" were requested 10 times each, then went
+    assert policy.follows_lru and "a0" not in table
+    request(table, "a0")  # back: its count is the turn's 1 plus this request, not eleven
+    assert policy._nodes["a0"].count == 2
+
+
+def test_forget_counts_keeps_the_queue_order_and_drops_the_ghosts_counts():
+    table = EntryTable(4)
+    policy = LfuPolicy(4, table._evictable)
+    table._policy = policy
+    request(table, "a")
+    for _ in range(3):
+        request(table, "a")  # "a" counted most, and its count last changed before the others came
+    for key in "bcd":
+        request(table, key)
+    request(table, "e")  # evicts "b" (fewest, oldest among equals); its count goes to the ghost
+    policy.forget_counts()
+    assert all(policy._nodes[k].count == 1 for k in "acde")
+    res = table.reserve("f", 1, now=0.0, lease_s=30.0)
+    assert res is not None and [e.key for e in res.evicted] == ["a"]  # now the oldest of equals, not "c"
+    request(table, "b")
+    assert policy._nodes["b"].count == 1  # the ghost forgot its count
