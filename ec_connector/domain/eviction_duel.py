@@ -150,7 +150,7 @@ class DuelPolicy(LfuPolicy[Entry]):
         self._duel(entry, hit=False)
 
     def read(self, entry: Entry) -> None:
-        copy_reads = self._copies.get(entry.key)
+        copy_reads = self._copies.get(entry.key) if self._copies else None
         if copy_reads is not None:
             if copy_reads == 0:  # the pulling request's load says nothing of reuse here
                 self._copies[entry.key] = 1
@@ -179,6 +179,8 @@ class DuelPolicy(LfuPolicy[Entry]):
             self._lru.pop(entry.key, None)
 
     def victims(self, needed: int, protect: Container[str]) -> list[Entry]:
+        if self._lru is None and not self._copies:
+            return LfuPolicy.victims(self, needed, protect)
         out: list[Entry] = []
         while needed > 0 and self._copies:
             copy = self._from_copies(protect)
