@@ -25,8 +25,11 @@ dueling (Qureshi et al., ISCA '07) with a whole shadow in place of sampled sets.
 
 **Copies pulled from peers** (fleet sharing, `copied`) wait in a queue of their own, oldest
 first, which gives every victim it can before either order is asked, as under `s3fifo`: the
-pulling request's load is not counted (not a read, not a request of the duel), and a copy read
-here again leaves that queue as this replica's own entry, counted from then on.
+pulling request's load is not counted, and a copy read here again leaves that queue as this
+replica's own entry, counted from then on. Pulls are not scored in the duel: the region lets
+copies go first and the shadow would not, so it would win every later ask of a pulled item and
+turn the region for it. So a reservation is scored (a miss) when it becomes READY, not when made:
+by then the table has said whether it is a copy.
 
 Every operation is O(1) amortised (the shadow is an OrderedDict, or `LfuPolicy` over keys, and a
 turn costs O(entries log entries) at most once a period).
@@ -132,6 +135,7 @@ class DuelPolicy(LfuPolicy[Entry]):
         self._blocks = num_blocks
         self._lru: OrderedDict[str, _Counted[Entry]] | None = None  # while following LRU: least recent first
         self._copies: OrderedDict[str, int] = OrderedDict()  # pulled copies -> reads seen, oldest first
+        self._unlisted: set[str] = set()  # reserved, not READY yet: their miss is scored when READY
         self._shadow: LruShadow | LfuShadow = LruShadow(num_blocks)
         self._ask = self._shadow.request
         self._lead = 0.0  # decayed: the shadow's hits the region missed, less the reverse
@@ -147,7 +151,7 @@ class DuelPolicy(LfuPolicy[Entry]):
 
     def reserved(self, entry: Entry) -> None:
         LfuPolicy.reserved(self, entry)
-        self._duel(entry, hit=False)
+        self._unlisted.add(entry.key)  # a miss for the duel once it is READY and not a copy
 
     def read(self, entry: Entry) -> None:
         copy_reads = self._copies.get(entry.key) if self._copies else None
@@ -155,7 +159,12 @@ class DuelPolicy(LfuPolicy[Entry]):
             if copy_reads == 0:  # the pulling request's load says nothing of reuse here
                 self._copies[entry.key] = 1
                 return
-            del self._copies[entry.key]  # read here again: this replica's own from now on
+            # read here again: this replica's own from now on. The shadow learns the key (it
+            # would have pulled it too) and neither side scores: the pull served the first ask
+            del self._copies[entry.key]
+            self._ask(entry.key, entry.rows)
+            LfuPolicy.read(self, entry)
+            return
         LfuPolicy.read(self, entry)
         if self._lru is not None and entry.key in self._lru:
             self._lru.move_to_end(entry.key)
@@ -166,7 +175,12 @@ class DuelPolicy(LfuPolicy[Entry]):
             self._copies[entry.key] = 0
 
     def listed(self, entry: Entry) -> None:
-        if entry.key in self._copies:
+        key = entry.key
+        if key in self._unlisted:
+            self._unlisted.remove(key)
+            if key not in self._copies:  # a pull is not this replica's miss: the duel skips it
+                self._duel(entry, hit=False)
+        if key in self._copies:
             return  # it keeps its place among the copies
         LfuPolicy.listed(self, entry)
         if self._lru is not None:
@@ -174,6 +188,7 @@ class DuelPolicy(LfuPolicy[Entry]):
 
     def freed(self, entry: Entry) -> None:
         self._copies.pop(entry.key, None)
+        self._unlisted.discard(entry.key)
         LfuPolicy.freed(self, entry)
         if self._lru is not None:
             self._lru.pop(entry.key, None)

@@ -147,3 +147,17 @@ def test_forget_counts_keeps_the_queue_order_and_drops_the_ghosts_counts():
     assert res is not None and [e.key for e in res.evicted] == ["a"]  # now the oldest of equals, not "c"
     request(table, "b")
     assert policy._nodes["b"].count == 1  # the ghost forgot its count
+
+
+def test_a_pull_is_not_scored_and_a_copy_read_again_only_teaches_the_shadow():
+    table, policy = _table(10)
+    for key in "ab":
+        request(table, key)
+    used, differed = policy._shadow.used, policy._differed
+    assert table.reserve("c", 1, now=0.0, lease_s=30.0) is not None  # a fleet pull of "c"
+    table.mark_copy("c")
+    table.mark_ready("c")
+    request(table, "c")  # the pulling request's load
+    assert (policy._shadow.used, policy._differed) == (used, differed)
+    request(table, "c")  # asked here again: this replica's own now
+    assert policy._shadow.used == used + 1 and policy._differed == differed
