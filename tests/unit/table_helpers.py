@@ -34,3 +34,13 @@ def request(table: EntryTable, key: str, rows: int = 1) -> bool:
         return True
     put_ready(table, key, rows)
     return False
+
+
+def hot_among_one_offs(table: EntryTable, hot: list[str], requests: int = 400) -> int:
+    """Stationary popularity: a hot key every other request (in turn), a key never seen again in
+    between. LRU would evict hot keys that come back; LFU evicts the one-offs. The hot keys' hits."""
+    hits = 0
+    for n in range(requests):
+        hits += request(table, hot[n % len(hot)])
+        request(table, f"once{n}")
+    return hits

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from ec_connector.domain.cache import EntryTable
 from ec_connector.domain.eviction_lecar import LeCarPolicy
-from tests.unit.table_helpers import request
+from tests.unit.table_helpers import hot_among_one_offs, request
 
 
 def _table(num_blocks: int, **kw: float) -> tuple[EntryTable, LeCarPolicy]:
@@ -19,12 +19,8 @@ def _table(num_blocks: int, **kw: float) -> tuple[EntryTable, LeCarPolicy]:
 def test_on_stationary_popularity_the_lfu_expert_takes_over_and_keeps_the_popular_keys():
     table, policy = _table(10)
     hot = [f"h{i}" for i in range(6)]
-    hits = 0
-    for n in range(400):
-        # the hot keys come back every few requests, in between a one-off each time: LRU evicts
-        # the hot key read longest ago (it comes back: a regret), LFU a one-off (never back)
-        hits += request(table, hot[n % len(hot)])
-        request(table, f"once{n}")
+    # LRU evicts the hot key read longest ago (it comes back: a regret), LFU a one-off (never back)
+    hits = hot_among_one_offs(table, hot)
     assert policy.lru_weight < 0.05
     assert all(key in table for key in hot)
     assert hits > 0.9 * 400

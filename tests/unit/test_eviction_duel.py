@@ -12,7 +12,7 @@ from ec_connector.domain.cache import EntryTable
 from ec_connector.domain.eviction_duel import DuelPolicy, LfuShadow, LruShadow
 from ec_connector.domain.eviction_lecar import LfuPolicy
 from tests.unit.property_checks import SETTINGS
-from tests.unit.table_helpers import request
+from tests.unit.table_helpers import hot_among_one_offs, request
 
 
 def _table(num_blocks: int, **kw: float) -> tuple[EntryTable, DuelPolicy]:
@@ -62,12 +62,7 @@ def test_the_lfu_shadow_keeps_the_most_requested_keys_and_refuses_what_cannot_fi
 def test_on_stationary_popularity_it_stays_with_lfu_and_keeps_the_popular_keys():
     table, policy = _table(10)
     hot = [f"h{i}" for i in range(6)]
-    hits = 0
-    for n in range(400):
-        # a hot key every other request, a one-off in between: LRU would evict hot keys that
-        # come back, LFU evicts one-offs
-        hits += request(table, hot[n % len(hot)])
-        request(table, f"once{n}")
+    hits = hot_among_one_offs(table, hot)
     assert not policy.follows_lru
     assert all(key in table for key in hot)
     assert hits > 0.95 * 400
@@ -95,9 +90,7 @@ def test_it_turns_back_to_lfu_when_popularity_holds_still_again():
     _stale_then_cycling(table)
     assert policy.follows_lru
     hot = [f"h{i}" for i in range(6)]
-    for n in range(400):
-        request(table, hot[n % len(hot)])
-        request(table, f"once{n}")
+    hot_among_one_offs(table, hot)
     assert not policy.follows_lru
     assert all(key in table for key in hot)
 
