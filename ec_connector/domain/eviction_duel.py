@@ -84,21 +84,19 @@ class LruShadow:
 
 
 class LfuShadow:
-    """A region of `capacity` blocks in `LfuPolicy`'s order, keys only; `held` (key, rows, count,
-    least recent first) fills it at the start."""
+    """A region of `capacity` blocks in `LfuPolicy`'s order, keys only; `held` (key, rows, least
+    recent first) fills it at the start, each counted once."""
 
-    def __init__(self, capacity: int, held: Iterable[tuple[str, int, int]] = ()) -> None:
+    def __init__(self, capacity: int, held: Iterable[tuple[str, int]] = ()) -> None:
         self.capacity = capacity
         self.used = 0
         self._resident: dict[str, ShadowKey] = {}
         self._order: LfuPolicy[ShadowKey] = LfuPolicy(capacity, self._resident)
-        for key, rows, count in held:
+        for key, rows in held:
             item = ShadowKey(key, rows)
             self._resident[key] = item
             self.used += rows
             self._order.reserved(item)
-            for _ in range(count - 1):
-                self._order.read(item)
             self._order.listed(item)
 
     def request(self, key: str, rows: int) -> bool:
@@ -249,6 +247,7 @@ class DuelPolicy(LfuPolicy[Entry]):
         return None
 
     def _duel(self, entry: Entry, *, hit: bool) -> None:
+        """One request scored: the region `hit` or not, the shadow asked; a period's end may turn."""
         if self._ask(entry.key, entry.rows) is not hit:
             self._lead += -1.0 if hit else 1.0
             self._differed += 1.0
@@ -270,10 +269,12 @@ class DuelPolicy(LfuPolicy[Entry]):
         if self._lru is None:
             self._lru = OrderedDict((node.entry.key, node) for node in held if node.stamp > 0)
             self.forget_counts()
-            self._shadow = LfuShadow(self._blocks, ((n.entry.key, n.entry.rows, 1) for n in held))
         else:
             self._lru = None
-            self._shadow = LruShadow(self._blocks, ((n.entry.key, n.entry.rows) for n in held))
+        keys = ((node.entry.key, node.entry.rows) for node in held)
+        self._shadow = (
+            LfuShadow(self._blocks, keys) if self._lru is not None else LruShadow(self._blocks, keys)
+        )
         self._ask = self._shadow.request
         self._lead = self._differed = 0.0
 
