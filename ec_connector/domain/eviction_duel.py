@@ -31,8 +31,9 @@ copies go first and the shadow would not, so it would win every later ask of a p
 turn the region for it. So a reservation is scored (a miss) when it becomes READY, not when made:
 by then the table has said whether it is a copy.
 
-Every operation is O(1) amortised (the shadow is an OrderedDict, or `LfuPolicy` over keys, and a
-turn costs O(entries log entries) at most once a period).
+Every operation is O(1) amortised (the shadow is an OrderedDict, or `LfuPolicy` over keys) but a
+turn, which sorts the entries by last use: O(entries log entries) at most once a period, so
+O(log entries) a request if it turned every period.
 """
 
 from __future__ import annotations
