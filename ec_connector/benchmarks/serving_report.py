@@ -58,16 +58,18 @@ FLEET_RATIOS = (
 )
 
 Cell = dict[tuple[str, int], float]  # (run_id, round) -> value
-# arm -> (notes key, policy) of its expected hit ratio, OURS standing for the run's default
-# eviction (`default_eviction`; "s3fifo" in runs that did not record it: it was the default then);
-# fleet mode's per-replica arms differ
-OURS = "ours"
-EXPECTED_BY_ARM = {"upstream": ("expected_hit_ratio", "fifo"), "ours": ("expected_hit_ratio", OURS)}
-FLEET_EXPECTED_BY_ARM = {
+# arm -> (notes key, policy) of its expected hit ratio, None for the run's default eviction
+# (`default_eviction`; "s3fifo" in runs that did not record it: it was the default then); fleet
+# mode's per-replica arms differ
+EXPECTED_BY_ARM: dict[str, tuple[str, str | None]] = {
+    "upstream": ("expected_hit_ratio", "fifo"),
+    "ours": ("expected_hit_ratio", None),
+}
+FLEET_EXPECTED_BY_ARM: dict[str, tuple[str, str | None]] = {
     "upstream": ("expected_hit_ratio_per_replica", "fifo"),
-    "local": ("expected_hit_ratio_per_replica", OURS),
-    "single": ("expected_hit_ratio", OURS),
-    "fleet": ("expected_hit_ratio_fleet", OURS),
+    "local": ("expected_hit_ratio_per_replica", None),
+    "single": ("expected_hit_ratio", None),
+    "fleet": ("expected_hit_ratio_fleet", None),
 }
 _WHERE = {"expected_hit_ratio_per_replica": " a region per replica", "expected_hit_ratio_fleet": " pulling"}
 
@@ -124,8 +126,8 @@ def expected_line(key: str, notes: dict[str, Any], arms: dict[str, dict[str, Cel
     for arm in [a for a in ARM_ORDER if a in arms]:
         vals = list(arms[arm].get("hit_ratio", {}).values())
         measured = f"{median(vals):.2f}" if vals else "-"
-        where, policy = table.get(arm, ("", ""))
-        policy = default if policy == OURS else policy
+        where, named = table.get(arm, ("", ""))
+        policy = named or default
         if arm == "ours" and not fleet:  # a run with --ours-extra '{"ec_eviction": ...}'
             policy = notes.get("ours_eviction", policy)
         ratio = notes.get(where, {}).get(policy)

@@ -154,17 +154,16 @@ class DuelPolicy(LfuPolicy[Entry]):
 
     def read(self, entry: Entry) -> None:
         copy_reads = self._copies.get(entry.key) if self._copies else None
+        if copy_reads == 0:  # the pulling request's load says nothing of reuse here
+            self._copies[entry.key] = 1
+            return
+        LfuPolicy.read(self, entry)
         if copy_reads is not None:
-            if copy_reads == 0:  # the pulling request's load says nothing of reuse here
-                self._copies[entry.key] = 1
-                return
             # read here again: this replica's own from now on. The shadow learns the key (it
             # would have pulled it too) and neither side scores: the pull served the first ask
             del self._copies[entry.key]
             self._ask(entry.key, entry.rows)
-            LfuPolicy.read(self, entry)
             return
-        LfuPolicy.read(self, entry)
         if self._lru is not None and entry.key in self._lru:
             self._lru.move_to_end(entry.key)
         self._duel(entry, hit=True)
