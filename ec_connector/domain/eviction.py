@@ -53,7 +53,7 @@ POLICIES = (FIFO, S3FIFO, LECAR, DUEL)
 
 DEFAULT_POLICY = DUEL
 """The tier's default: within 1 point of `fifo`'s misses on every trace measured (+0.54 at most),
-0.77-0.85x them on skewed popularity at regions of 10-25%, at 1.08-1.10x its step time
+0.77-0.85x them on skewed popularity at regions of 10-25%, at 1.07-1.12x its step time
 (docs/eviction.md)."""
 
 SMALL_SHARE = 0.10  # S3-FIFO's small queue: the paper's 10%, counted in blocks

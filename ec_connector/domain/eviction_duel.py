@@ -45,6 +45,7 @@ from collections.abc import Container, Iterable, Mapping
 from ec_connector.domain.entries import Entry
 from ec_connector.domain.eviction_lecar import LfuPolicy, _Counted
 
+_OWNED = -2  # an LFU node's stamp: a pulled copy read again, not queued yet (0 is a new reservation)
 WINDOW = 4.0  # periods: the duel's counts halve over this many
 Z = 1.0  # the shadow's lead must pass this many times its noise (the root of the disagreements)
 
@@ -134,7 +135,6 @@ class DuelPolicy(LfuPolicy[Entry]):
         self._blocks = num_blocks
         self._lru: OrderedDict[str, _Counted[Entry]] | None = None  # while following LRU: least recent first
         self._copies: OrderedDict[str, int] = OrderedDict()  # pulled copies -> reads seen, oldest first
-        self._unlisted: set[str] = set()  # reserved, not READY yet: their miss is scored when READY
         self._shadow: LruShadow | LfuShadow = LruShadow(num_blocks)
         self._ask = self._shadow.request
         self._lead = 0.0  # decayed: the shadow's hits the region missed, less the reverse
@@ -148,10 +148,6 @@ class DuelPolicy(LfuPolicy[Entry]):
         """Whether the region is evicted in LRU order now (LFU order otherwise)."""
         return self._lru is not None
 
-    def reserved(self, entry: Entry) -> None:
-        LfuPolicy.reserved(self, entry)
-        self._unlisted.add(entry.key)  # a miss for the duel once it is READY and not a copy
-
     def read(self, entry: Entry) -> None:
         copy_reads = self._copies.get(entry.key) if self._copies else None
         if copy_reads == 0:  # the pulling request's load says nothing of reuse here
@@ -162,6 +158,7 @@ class DuelPolicy(LfuPolicy[Entry]):
             # read here again: this replica's own from now on. The shadow learns the key (it
             # would have pulled it too) and neither side scores: the pull served the first ask
             del self._copies[entry.key]
+            self._nodes[entry.key].stamp = _OWNED  # never queued, and not a reservation's first listing
             self._ask(entry.key, entry.rows)
             return
         if self._lru is not None and entry.key in self._lru:
@@ -174,19 +171,18 @@ class DuelPolicy(LfuPolicy[Entry]):
 
     def listed(self, entry: Entry) -> None:
         key = entry.key
-        if key in self._unlisted:
-            self._unlisted.remove(key)
-            if key not in self._copies:  # a pull is not this replica's miss: the duel skips it
-                self._duel(entry, hit=False)
         if key in self._copies:
-            return  # it keeps its place among the copies
-        LfuPolicy.listed(self, entry)
+            return  # it keeps its place among the copies; a pull is not this replica's miss
+        node = self._nodes[key]
+        if node.stamp == 0:  # a reservation's first listing: its miss is scored now
+            self._duel(entry, hit=False)
+        if node.stamp <= 0:  # queued as `LfuPolicy.listed` does, without its frame (every unpin)
+            self._push(node)
         if self._lru is not None:
-            self._lru.setdefault(entry.key, self._nodes[entry.key])
+            self._lru.setdefault(key, node)
 
     def freed(self, entry: Entry) -> None:
         self._copies.pop(entry.key, None)
-        self._unlisted.discard(entry.key)
         LfuPolicy.freed(self, entry)
         if self._lru is not None:
             self._lru.pop(entry.key, None)
