@@ -14,7 +14,8 @@ An engine serves a run's workloads one after the other, so the region a workload
 the earlier ones left: the replay serves those first (`history`), unmeasured, as the engine did.
 What they leave matters to a policy that keeps what was read: after `repeat`, `s3fifo`'s main
 queue holds the repeat pool's images, which a pressure fill pushes out only slowly. The
-per-replica and fleet replays use the default (`default_eviction`).
+per-replica replays run the same policies; the pair's runs ours' (`ours_eviction`, else the
+default, `default_eviction`): the fleet arms run ours' connector config.
 
 What the replay leaves out: vLLM's own GPU encoder cache (a few images; it adds hits to every
 arm, `none` included), requests in flight at once (a repeat of an image whose save has not
@@ -97,23 +98,25 @@ def expected(
         out["ours_eviction"] = ours_policy
     if replicas > 1:
         blocks = region_bytes // replicas // ROW_BYTES
-        per: dict[str, float] = dict.fromkeys(ONLINE, 0.0)
+        per: dict[str, float] = dict.fromkeys(policies, 0.0)
         counted = 0
         for k in range(replicas):
             mine = [i for i, r in enumerate(routes) if r == k]
             before = sum(1 for i in mine if i < skip)
-            ratios = hit_ratios([flat[i] for i in mine], before, [flat_rows[i] for i in mine], blocks)
-            for policy in ONLINE:
+            rows = [flat_rows[i] for i in mine]
+            ratios = hit_ratios([flat[i] for i in mine], before, rows, blocks, policies)
+            for policy in policies:
                 per[policy] += ratios[policy] * (len(mine) - before)
             counted += len(mine) - before
         out["expected_hit_ratio_per_replica"] = _rounded({p: v / max(1, counted) for p, v in per.items()})
         if replicas == 2:
-            sides = [OursSide(blocks) for _ in range(2)]
+            pair_policy = ours_policy or DEFAULT_POLICY
+            sides = [OursSide(blocks, eviction=pair_policy) for _ in range(2)]
             trace = engine_trace(flat, flat_rows, 0, "serving")
             fleet = replay_pair(
                 trace, sides, share=True, rule=rule, count_from=skip, replica_of=routes.__getitem__
             )
-            out["expected_hit_ratio_fleet"] = {DEFAULT_POLICY: round(fleet["hit_ratio"], 4)}
+            out["expected_hit_ratio_fleet"] = {pair_policy: round(fleet["hit_ratio"], 4)}
     return out
 
 

@@ -58,9 +58,9 @@ FLEET_RATIOS = (
 )
 
 Cell = dict[tuple[str, int], float]  # (run_id, round) -> value
-# arm -> (notes key, policy) of its expected hit ratio, None for the run's default eviction
-# (`default_eviction`; "s3fifo" in runs that did not record it: it was the default then); fleet
-# mode's per-replica arms differ
+# arm -> (notes key, policy) of its expected hit ratio, None for ours' eviction (`ours_eviction`
+# when --ours-extra set one, else `default_eviction`; "s3fifo" in runs that recorded neither: it
+# was the default then); fleet mode's per-replica arms differ
 EXPECTED_BY_ARM: dict[str, tuple[str, str | None]] = {
     "upstream": ("expected_hit_ratio", "fifo"),
     "ours": ("expected_hit_ratio", None),
@@ -127,16 +127,15 @@ def expected_line(key: str, notes: dict[str, Any], arms: dict[str, dict[str, Cel
         vals = list(arms[arm].get("hit_ratio", {}).values())
         measured = f"{median(vals):.2f}" if vals else "-"
         where, named = table.get(arm, ("", ""))
-        policy = named or default
-        if arm == "ours" and not fleet:  # a run with --ours-extra '{"ec_eviction": ...}'
-            policy = notes.get("ours_eviction", policy)
+        policy = named or notes.get("ours_eviction", default)  # ours' arms: --ours-extra's policy
         ratio = notes.get(where, {}).get(policy)
         if ratio is not None:
             parts.append(f"{arm} {measured} / {ratio:.2f} ({policy}{_WHERE.get(where, '')})")
-        elif fleet and arm == "fleet" and "expected_hit_ratio_per_replica" in notes:  # JSON without the pair
-            low = notes["expected_hit_ratio_per_replica"][default]
-            span = f"{low:.2f}-{exp[default]:.2f}"
-            parts.append(f"fleet {measured} / {span} ({default}, a region each - one region)")
+        elif fleet and arm == "fleet" and policy in notes.get("expected_hit_ratio_per_replica", {}):
+            # a JSON without the pair's replay (of this policy): between a region each and one region
+            low = notes["expected_hit_ratio_per_replica"][policy]
+            span = f"{low:.2f}-{exp[policy]:.2f}"
+            parts.append(f"fleet {measured} / {span} ({policy}, a region each - one region)")
         elif arm == "none":
             parts.append(f"none {measured} (vLLM's own encoder cache)")
     return (

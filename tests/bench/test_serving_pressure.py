@@ -244,6 +244,34 @@ def test_ours_eviction_from_ours_extra_is_replayed_and_reported_beside_ours() ->
     )
 
 
+def test_a_fleet_run_with_ours_extra_replays_its_arms_with_that_policy() -> None:
+    # the fleet's arms run ours' connector config, so their expectations are of its eviction
+    args = parser().parse_args(
+        ["run", "--out", "/tmp/unused", "--workloads", "fleet-pressure", "--region-mib", "64"]
+    )
+    geometry = {"hidden": 3584, "min_pixels": 3136, "max_pixels": 12845056}
+    default = workloads(args, geometry)[0]["notes"]
+    ours = workloads(
+        argparse.Namespace(**{**vars(args), "ours_extra": {"ec_eviction": "lecar"}}), geometry
+    )[0]["notes"]
+    assert list(default["expected_hit_ratio_fleet"]) == ["duel"]
+    assert list(ours["expected_hit_ratio_fleet"]) == ["lecar"] and ours["ours_eviction"] == "lecar"
+    assert list(ours["expected_hit_ratio_per_replica"]) == ["fifo", "s3fifo", "duel", "lecar"]
+    arms = {a: {"hit_ratio": {0: 0.5}} for a in ("upstream", "local", "fleet", "single")}
+    line = serving_report.expected_line("fleet-pressure@896x672", ours, arms)
+    assert line is not None
+    per, pair, whole = (
+        ours["expected_hit_ratio_per_replica"],
+        ours["expected_hit_ratio_fleet"],
+        ours["expected_hit_ratio"],
+    )
+    assert (
+        f"upstream 0.50 / {per['fifo']:.2f} (fifo a region per replica), "
+        f"local 0.50 / {per['lecar']:.2f} (lecar a region per replica), "
+        f"fleet 0.50 / {pair['lecar']:.2f} (lecar pulling), single 0.50 / {whole['lecar']:.2f} (lecar)"
+    ) in line
+
+
 def test_the_pass_line_gives_what_the_encoded_items_alone_are_worth() -> None:
     # passes on an exact line of 1.0 s + 10 ms an item: the fit finds it, and the pairs' ratios
     # are those of the line at their mean items a pass
