@@ -17,7 +17,9 @@ beside them (bench/eviction_candidates.py): `clock` (CLOCK / SIEVE-like), `s3fif
 (S3-FIFO with a TinyLFU admission filter), `lfu` and `lfu-fast-aging` (least frequently used with
 a ghost of counts, halved every 10x / 1x the tracked keys' accesses; domain/eviction_lecar.py),
 `wtinylfu` (bench/eviction_wtinylfu.py: W-TinyLFU with Caffeine's hill-climbing window) and
-`arc` (bench/eviction_arc.py: ARC counted in blocks), `hyperbolic[:...]` and `lecar-tuned[:...]`
+`arc` (bench/eviction_arc.py: ARC counted in blocks), `lfu-block` and `duel-block`
+(bench/eviction_block.py: `lfu` and `duel` ranking by count per block), `hyperbolic[:...]` and
+`lecar-tuned[:...]`
 (bench/eviction_hyperbolic.py: hyperbolic caching over a random sample; `lecar` with other
 settings), `decayed[:...]`, `decayed-adaptive[:...]` and `decayed-climb[:...]`
 (bench/eviction_decayed.py: exponentially decayed counts, with one half-life, following shadow
@@ -54,6 +56,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.cache_sides import BaselineSide, OursSide  # noqa: E402
 from bench.cache_traces import ENGINE_SOURCES, SOURCES, TRACES, Trace, make_trace  # noqa: E402
 from bench.eviction_arc import ArcPolicy  # noqa: E402
+from bench.eviction_block import BlockDuelPolicy, BlockLfuPolicy  # noqa: E402
 from bench.eviction_candidates import ClockPolicy, Settings, TinyLfuS3FifoPolicy, policy_settings  # noqa: E402
 from bench.eviction_hyperbolic import is_candidate, make_candidate  # noqa: E402
 from bench.eviction_offline import (  # noqa: E402
@@ -133,6 +136,10 @@ def _ours(policy: str) -> Callable[[int], OursSide]:
             table._policy = TinyLfuS3FifoPolicy(num_blocks, evictable, min_compact=64)
         elif policy == "lfu":
             table._policy = LfuPolicy(num_blocks, evictable)
+        elif policy == "lfu-block":
+            table._policy = BlockLfuPolicy(num_blocks, evictable)
+        elif policy == "duel-block":
+            table._policy = BlockDuelPolicy(num_blocks, evictable)
         elif policy == "lfu-fast-aging":
             table._policy = LfuPolicy(num_blocks, evictable, age=1.0)
         elif policy == "lecar":

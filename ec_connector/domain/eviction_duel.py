@@ -86,14 +86,16 @@ class LruShadow:
 
 
 class LfuShadow:
-    """A region of `capacity` blocks in `LfuPolicy`'s order, keys only; `held` (key, rows, least
-    recent first) fills it at the start, each counted once."""
+    """A region of `capacity` blocks in `LfuPolicy`'s order (`order`: that class or a subclass),
+    keys only; `held` (key, rows, least recent first) fills it at the start, each counted once."""
+
+    order: type[LfuPolicy[ShadowKey]] = LfuPolicy
 
     def __init__(self, capacity: int, held: Iterable[tuple[str, int]] = ()) -> None:
         self.capacity = capacity
         self.used = 0
         self._resident: dict[str, ShadowKey] = {}
-        self._order: LfuPolicy[ShadowKey] = LfuPolicy(capacity, self._resident)
+        self._order: LfuPolicy[ShadowKey] = self.order(capacity, self._resident)
         for key, rows in held:
             item = ShadowKey(key, rows)
             self._resident[key] = item
@@ -127,6 +129,7 @@ class DuelPolicy(LfuPolicy[Entry]):
     """LFU or LRU order, chosen by a shadow region of the other (module docstring)."""
 
     name = "duel"
+    lfu_shadow: type[LfuShadow] = LfuShadow  # the shadow while the region follows LRU
 
     def __init__(
         self, num_blocks: int, evictable: Mapping[str, Entry], *, window: float = WINDOW, z: float = Z
@@ -269,7 +272,7 @@ class DuelPolicy(LfuPolicy[Entry]):
             self._lru = None
         keys = ((node.entry.key, node.entry.rows) for node in held)
         self._shadow = (
-            LfuShadow(self._blocks, keys) if self._lru is not None else LruShadow(self._blocks, keys)
+            self.lfu_shadow(self._blocks, keys) if self._lru is not None else LruShadow(self._blocks, keys)
         )
         self._ask = self._shadow.request
         self._lead = self._differed = 0.0

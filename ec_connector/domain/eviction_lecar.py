@@ -133,10 +133,22 @@ class LfuPolicy(Generic[ItemT]):
             node.count = 1
         self._ghost.clear()
         self._ghost_rows = 0
-        live = heapq.merge(*self._queues, key=_stamp_of)
-        self._queues = [deque() for _ in range(LFU_CAP + 1)]
-        self._queues[1].extend(item for item in live if item[1].stamp == item[0])
-        self._items = len(self._queues[1])
+        self._regroup(restarted=True)
+
+    def _regroup(self, *, restarted: bool) -> None:
+        """The count queues after every count changed at once: restarted at 1, or halved. Both
+        keep each count's order (merging queues 2k and 2k + 1 into k when halved)."""
+        old = self._queues
+        if restarted:
+            self._queues = [deque() for _ in range(LFU_CAP + 1)]
+            live = heapq.merge(*old, key=_stamp_of)
+            self._queues[1].extend(item for item in live if item[1].stamp == item[0])
+        else:
+            self._queues = [
+                deque(i for i in heapq.merge(*old[2 * k : 2 * k + 2], key=_stamp_of) if i[1].stamp == i[0])
+                for k in range(LFU_CAP + 1)
+            ]
+        self._items = sum(len(q) for q in self._queues)
 
     def _next(self, protect: Container[str]) -> _Counted[ItemT] | None:
         evictable = self._evictable
@@ -174,15 +186,9 @@ class LfuPolicy(Generic[ItemT]):
         self._accesses = 0
         for key, (rows, count) in self._ghost.items():
             self._ghost[key] = (rows, count >> 1)
-        old = self._queues
         for node in self._nodes.values():
             node.count >>= 1
-        # counts 2k and 2k+1 become k: merging their queues (each in stamp order) keeps the order
-        self._queues = [
-            deque(i for i in heapq.merge(*old[2 * k : 2 * k + 2], key=_stamp_of) if i[1].stamp == i[0])
-            for k in range(LFU_CAP + 1)
-        ]
-        self._items = sum(len(q) for q in self._queues)
+        self._regroup(restarted=False)
 
 
 def _stamp_of(item: tuple[int, object]) -> int:

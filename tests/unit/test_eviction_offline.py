@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from bench.cache_traces import Trace, make_trace
 from bench.eviction import _belady, _ours, _popularity, _posterior, replay_hits
 from bench.eviction_arc import ArcPolicy
+from bench.eviction_block import BlockDuelPolicy, BlockLfuPolicy
 from bench.eviction_candidates import ClockPolicy, TinyLfuS3FifoPolicy
 from bench.eviction_hyperbolic import make_candidate
 from bench.eviction_offline import (
@@ -211,6 +212,8 @@ CANDIDATES = [
     "lecar-lru",
     "wtinylfu",
     "arc",
+    "lfu-block",
+    "duel-block",
     "popularity",
     "posterior",
 ]
@@ -259,6 +262,10 @@ def _candidate(name: str, table: EntryTable) -> EvictionPolicy:
         # (and stays) with nearly every victim the LRU expert's, "lecar" alternates the two experts
         lru_weight = 0.99 if name == "lecar-lru" else 0.5
         return LeCarPolicy(num_blocks, table._evictable, age=0.05, history_share=0.5, lru_weight=lru_weight)
+    if name == "lfu-block":  # ages often: the regroup runs
+        return BlockLfuPolicy(num_blocks, table._evictable, age=0.05)
+    if name == "duel-block":  # a turn every period or two: both shadows run
+        return BlockDuelPolicy(num_blocks, table._evictable, z=0.0)
     if name == "arc":  # T1's target at half the region: victims come from both lists
         return ArcPolicy(num_blocks, table._evictable, p_start=0.5)
     if name == "wtinylfu":  # a window of a fifth, a sample of 64 requests: the climber moves it
