@@ -10,12 +10,13 @@ rows (``fleet-repeat``, ``fleet-pressure``) compare ``fleet`` with ``local`` and
 (per-replica tiers) and its hit ratio with ``single``'s (one engine, the same total region).
 Pressure rows also give each arm's measured hit ratio beside the one expected from a replay of
 the same requests through our table (serving_expected.py, recorded in the workload's notes):
-``upstream`` against ``fifo``, ``ours`` / ``single`` / ``local`` against the run's default
-eviction (``local`` and the fleet's ``upstream`` with a region per replica); ``fleet`` against the
-range from a region per replica to one region of both regions' bytes, and a line of a measured
-pass's wall time against the items it encoded (``pass_line``), with the req/s ratio the arms'
-encoded items alone give, to tell what the hit ratios are worth from what else moved between the
-arms.
+``upstream`` against ``fifo``, ``ours`` / ``single`` / ``local`` against ours' eviction (the
+run's ``--ours-extra`` policy, else its default; ``local`` and the fleet's ``upstream`` with a
+region per replica); ``fleet`` against the replay of the pair pulling from each other (in JSONs
+without it, the range from a region per replica to one region of both regions' bytes). Also a
+line of a measured pass's wall time against the items it encoded (``pass_line``), with the req/s
+ratio the arms' encoded items alone give, to tell what the hit ratios are worth from what else
+moved between the arms.
 """
 
 from __future__ import annotations

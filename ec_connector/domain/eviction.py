@@ -97,7 +97,7 @@ class EvictionPolicy(Protocol):
 
 @runtime_checkable
 class CopyAwarePolicy(Protocol):
-    """A policy that tells copies pulled from peers apart (`s3fifo`); the table ignores the mark
+    """A policy that tells copies pulled from peers apart (`s3fifo`, `duel`); the table ignores the mark
     under a policy without it (`fifo`, vLLM's order, queues a copy as any entry)."""
 
     def copied(self, entry: Entry) -> None:

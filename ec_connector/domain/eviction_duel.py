@@ -45,7 +45,6 @@ from collections.abc import Container, Iterable, Mapping
 from ec_connector.domain.entries import Entry
 from ec_connector.domain.eviction_lecar import LfuPolicy, _Counted
 
-_OWNED = -2  # an LFU node's stamp: a pulled copy read again, not queued yet (0 is a new reservation)
 WINDOW = 4.0  # periods: the duel's counts halve over this many
 Z = 1.0  # the shadow's lead must pass this many times its noise (the root of the disagreements)
 
@@ -161,7 +160,7 @@ class DuelPolicy(LfuPolicy[Entry]):
             # read here again: this replica's own from now on. The shadow learns the key (it
             # would have pulled it too) and neither side scores: the pull served the first ask
             del self._copies[entry.key]
-            self._nodes[entry.key].stamp = _OWNED  # never queued, and not a reservation's first listing
+            self._push(self._nodes[entry.key])  # queued as any own entry, read while held
             self._ask(entry.key, entry.rows)
             return
         if self._lru is not None and entry.key in self._lru:
