@@ -198,6 +198,7 @@ def _peer_transport(region: Region, config: Settings, agent_name: str) -> Iterat
         # a producer's agent needs NIXL's progress thread (peers cannot connect otherwise); an
         # ec_consumer's may go without it and progress when it polls its READs (saves a spinning core)
         progress_thread=role is not Role.CONSUMER or nixl.consumer_progress_thread,
+        progress_delay_us=nixl.progress_delay_us,
     )
     try:
         yield transport

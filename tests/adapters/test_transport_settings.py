@@ -39,6 +39,24 @@ def test_consumer_progress_thread_is_on_unless_turned_off():
         parse_tier(nixl_consumer_progress_thread=0)
 
 
+# --- nixl_progress_delay_us -------------------------------------------------------------------
+
+
+def test_progress_delay_defaults_to_1000_us_and_takes_0_to_100000():
+    assert _nixl().progress_delay_us == 1000
+    assert _nixl(nixl_progress_delay_us=0).progress_delay_us == 0
+    assert _nixl(nixl_progress_delay_us=100_000).progress_delay_us == 100_000
+
+
+@pytest.mark.parametrize("value", [-1, 100_001, 1000.0, "1000", True, None])
+def test_progress_delay_outside_0_to_100000_or_not_an_int_is_refused(value):
+    with rejects(
+        f"ec_connector_extra_config['nixl_progress_delay_us'] = {value!r} is invalid: expected an integer "
+        "number of microseconds from 0 (spin) to 100000, e.g. 1000"
+    ):
+        parse_tier(nixl_progress_delay_us=value)
+
+
 # --- nixl_read_lanes --------------------------------------------------------------------------
 
 

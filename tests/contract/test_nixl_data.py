@@ -228,6 +228,55 @@ def test_peer_mode_without_a_network_transport_names_ucx_tls(
     NixlPeerTransport(region, agent_name="b", ucx_error_mode="none", progress_thread=False).close()
 
 
+_IDLE_CPU = """
+import sys, time, uuid
+from pathlib import Path
+from ec_connector.adapters.nixl_data import NixlPeerTransport
+from ec_connector.adapters.shm import ShmRegion
+from ec_connector.domain.layout import Layout
+layout = Layout(hidden_dim=64, dtype="bfloat16", num_blocks=16)
+name = f"i-{uuid.uuid4().hex[:6]}"
+with ShmRegion.open(instance=name, dp_rank=0, layout=layout, shm_dir=Path(sys.argv[1])) as r:
+    t = NixlPeerTransport(r, agent_name="idle", progress_delay_us=int(sys.argv[2]))
+    time.sleep(0.3)
+    cpu, wall = time.process_time(), time.monotonic()
+    time.sleep(1.5)
+    cores = (time.process_time() - cpu) / (time.monotonic() - wall)
+    t.close()
+print("idle cores", cores)
+"""
+
+
+def _idle_cores(shm_dir: Path, delay_us: int) -> float:
+    out = subprocess.run(
+        [sys.executable, "-c", _IDLE_CPU, str(shm_dir), str(delay_us)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 0, out.stderr
+    return float(out.stdout.strip().splitlines()[-1].removeprefix("idle cores "))
+
+
+@needs_nixl
+def test_an_idle_agents_progress_thread_sleeps_unless_its_delay_is_0(shm_dir: Path) -> None:
+    spinning = _idle_cores(shm_dir, 0)  # NIXL's own Python default
+    waiting = _idle_cores(shm_dir, 1000)  # ours
+    assert spinning > 0.3, f"an agent with delay 0 used {spinning:.2f} of a core idle: not spinning?"
+    assert waiting < spinning / 4, f"idle: {waiting:.2f} of a core with the delay, {spinning:.2f} without"
+
+
+@needs_nixl
+def test_a_progress_delay_that_is_not_a_whole_number_of_microseconds_is_refused(region: ShmRegion) -> None:
+    from ec_connector.adapters.nixl_data import NixlPeerTransport
+
+    with pytest.raises(ValueError, match="progress_delay_us must be an int >= 0, got -1"):
+        NixlPeerTransport(region, agent_name="d", progress_delay_us=-1)
+    with pytest.raises(ValueError, match="progress_delay_us must be an int >= 0, got 1.5"):
+        NixlPeerTransport(region, agent_name="d", progress_delay_us=1.5)  # type: ignore[arg-type]
+
+
 @needs_nixl
 def test_close_is_idempotent_and_a_closed_transport_refuses_work(region: ShmRegion) -> None:
     from ec_connector.adapters.nixl_data import NixlPeerTransport

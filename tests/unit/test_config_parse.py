@@ -19,7 +19,7 @@ ALL_KEYS = (
     "event_feed_address, "
     "fleet_encode_us_per_row, fleet_heartbeat_timeout_s, fleet_max_entries, fleet_max_entries_per_peer, "
     "fleet_max_pulls_in_flight, fleet_peers, fleet_pull_fixed_ms, fleet_read_gib_s, "
-    "nixl_backend, nixl_consumer_progress_thread, nixl_read_lanes, not_ready_backoff_max_s, "
+    "nixl_backend, nixl_consumer_progress_thread, nixl_progress_delay_us, nixl_read_lanes, not_ready_backoff_max_s, "
     "not_ready_backoff_s, not_ready_give_up_s, producer_pin_lease_s, quarantine_s, read_timeout_s, "
     "save_lease_s, "
     "side_channel_secret, step_ack_wait_s, step_pull_wait_s, tenant_scopes, ucx_error_mode"

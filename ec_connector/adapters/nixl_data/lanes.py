@@ -26,7 +26,7 @@ from collections.abc import Sequence
 from ec_connector.ports.peer import ReadState
 
 from .runs import Piece
-from .transport import AddressableRegion, NixlPeerTransport
+from .transport import PROGRESS_DELAY_US, AddressableRegion, NixlPeerTransport
 
 MIN_PART_BYTES = 256 << 10  # a READ is cut only into parts at least this long
 
@@ -145,6 +145,7 @@ def open_lanes(
     backend: str = "UCX",
     ucx_error_mode: str = "peer",
     progress_thread: bool = True,
+    progress_delay_us: int = PROGRESS_DELAY_US,
 ) -> LanedPeerTransport:
     """Lane 0 (`agent_name`, NIXL's progress thread as asked) and `lanes - 1` more agents named
     `<agent_name>~<i>` without one, over `region`; if one cannot start, those made are closed."""
@@ -160,6 +161,7 @@ def open_lanes(
                     backend=backend,
                     ucx_error_mode=ucx_error_mode,
                     progress_thread=progress_thread if i == 0 else False,
+                    progress_delay_us=progress_delay_us,
                 )
             )
     except BaseException:

@@ -33,6 +33,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import queue
+import sys
 import threading
 from collections import deque
 from collections.abc import Sequence
@@ -54,6 +55,10 @@ log = structlog.get_logger(__name__)
 UCX_ERROR_MODES = ("none", "peer")
 HANDOFF_S = 0.001  # the longest read_state waits for the poster (module docstring)
 DROPPED_KEPT = 256  # dropped peers remembered, to name why a READ from one is refused
+PROGRESS_DELAY_US = 1000
+"""How long NIXL's progress thread waits in poll() between passes when no UCX event wakes it
+(NIXL's `pthrDelay`; UCX rounds it up to whole milliseconds). 0 is NIXL's Python default: it
+spins a core per agent."""
 _STATES = {"DONE": ReadState.DONE, "PROC": ReadState.PENDING}
 
 
@@ -92,8 +97,10 @@ class _Post:
 class NixlPeerTransport:
     """PeerTransport over NIXL; `close()` before closing the region.
 
-    `progress_thread`: NIXL's own progress thread (spins ~1 core). A producer needs it (peers
-    cannot connect otherwise); a consumer may do without and progress by polling `read_state`.
+    `progress_thread`: NIXL's own progress thread. A producer needs it (peers cannot connect
+    otherwise); a consumer may do without and progress by polling `read_state`.
+    `progress_delay_us`: the thread's wait between passes when no UCX event wakes it
+    (`PROGRESS_DELAY_US`); 0 lets it spin a core, as NIXL's Python API always does.
     `num_threads`: the UCX backend's worker threads (0: posting a READ moves its bytes inline, so
     `start_read` of 9 MiB took ~10 ms against ~3 ms with one thread on the CPU VM; vLLM's own EC
     connector uses 1 as well).
@@ -107,6 +114,7 @@ class NixlPeerTransport:
         backend: str = "UCX",
         ucx_error_mode: str = "peer",
         progress_thread: bool = True,
+        progress_delay_us: int = PROGRESS_DELAY_US,
         num_threads: int = 1,
     ) -> None:
         if not isinstance(agent_name, str) or not agent_name:
@@ -130,10 +138,18 @@ class NixlPeerTransport:
         self._poster: threading.Thread | None = None
         self._base = region.data_address()
         self._size = region.layout.data_bytes
+        if (
+            isinstance(progress_delay_us, bool)
+            or not isinstance(progress_delay_us, int)
+            or progress_delay_us < 0
+        ):
+            raise ValueError(f"progress_delay_us must be an int >= 0, got {progress_delay_us!r}")
         try:
             self._agent = api.nixl_agent(
                 agent_name, api.nixl_agent_config(enable_prog_thread=progress_thread, backends=[])
             )
+            if progress_thread and progress_delay_us:
+                _delay_progress_thread(api, self._agent, progress_delay_us)
         except Exception as e:
             raise DataPlaneError(f"cannot create NIXL agent {agent_name!r}: {describe(e)}") from e
         if backend not in self._agent.get_plugin_list():
@@ -467,3 +483,25 @@ class NixlPeerTransport:
             self._agent.remove_remote_agent(name)
         except Exception as e:
             log.warning("nixl_remove_peer_failed", peer=name, error=describe(e))
+
+
+def _delay_progress_thread(api: Any, agent: Any, delay_us: int) -> None:
+    """Give `agent`'s progress thread a poll delay of `delay_us` before any backend exists.
+
+    NIXL 1.5.1's `nixl_agent` fixes the delay at 0 (the thread spins a core) and offers no setting;
+    each backend starts its progress thread from the bound agent's config when it is created, so
+    the bound agent, still without backends, is replaced by one configured alike but for the delay.
+    A NIXL whose wrapper is built otherwise keeps its own thread, with a warning.
+    """
+    bind = getattr(sys.modules.get(type(agent).__module__), "nixlBind", None)
+    if bind is None or getattr(agent, "backends", None) != {} or not hasattr(agent, "agent"):
+        log.warning("nixl_progress_delay_unavailable", agent=agent.name, delay_us=delay_us)
+        return
+    config = bind.nixlAgentConfig()
+    config.useProgThread = True
+    config.useListenThread = False
+    config.syncMode = api.nixl_thread_sync_t.NIXL_THREAD_SYNC_NONE.value  # as the wrapper's, no listener
+    config.pthrDelay = delay_us
+    config.lthrDelay = 100_000
+    config.captureTelemetry = False
+    agent.agent = bind.nixlAgent(agent.name, config)
