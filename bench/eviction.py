@@ -109,8 +109,9 @@ S3FIFO_SETTINGS: Settings = {
 }
 
 
-# `duel:window=W,z=Z` replays `duel` with other settings (the shipped ones: eviction_duel.WINDOW, Z)
-DUEL_SETTINGS: Settings = {"window": ("window", float), "z": ("z", float)}
+# `duel:window=W,z=Z,run=R` replays `duel` with other settings (the shipped ones: eviction_duel.WINDOW, Z,
+# BURST_RUN; `run=1000000000`: no burst is ever told)
+DUEL_SETTINGS: Settings = {"window": ("window", float), "z": ("z", float), "run": ("burst_run", int)}
 
 
 def _ours(policy: str) -> Callable[[int], OursSide]:

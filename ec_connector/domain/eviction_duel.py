@@ -31,6 +31,13 @@ copies go first and the shadow would not, so it would win every later ask of a p
 turn the region for it. So a reservation is scored (a miss) when it becomes READY, not when made:
 by then the table has said whether it is a copy.
 
+**A burst of new images** (a scan: a batch of one-off uploads) must not flush the images read
+again later: a run of `burst_run` or more reservations of keys the policy has never seen (not in
+the ghost of counts), with no other reservation or read between, marks its entries, and marked
+entries not read since go next after the copies, oldest first, before either order is asked. A
+read clears the mark. In steady traffic a hit or a returning key breaks every run long before it
+is a burst.
+
 Every operation is O(1) amortised (the shadow is an OrderedDict, or `LfuPolicy` over keys) but a
 turn, which sorts the entries by last use: O(entries log entries) at most once a period, so
 O(log entries) a request if it turned every period.
@@ -39,13 +46,15 @@ O(log entries) a request if it turned every period.
 from __future__ import annotations
 
 import math
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Container, Iterable, Mapping
+from typing import Any
 
 from ec_connector.domain.entries import Entry
-from ec_connector.domain.eviction_lecar import LfuPolicy, _Counted
+from ec_connector.domain.eviction_lecar import LFU_CAP, LfuPolicy, _Counted
 
 WINDOW = 4.0  # periods: the duel's counts halve over this many
+BURST_RUN = 16  # reservations of never-seen keys in a row, nothing else between, that are a burst
 Z = 1.0  # the shadow's lead must pass this many times its noise (the root of the disagreements)
 
 
@@ -131,12 +140,24 @@ class DuelPolicy(LfuPolicy[Entry]):
     lfu_shadow: type[LfuShadow] = LfuShadow  # the shadow while the region follows LRU
 
     def __init__(
-        self, num_blocks: int, evictable: Mapping[str, Entry], *, window: float = WINDOW, z: float = Z
+        self,
+        num_blocks: int,
+        evictable: Mapping[str, Entry],
+        *,
+        window: float = WINDOW,
+        z: float = Z,
+        burst_run: int = BURST_RUN,
     ) -> None:
         super().__init__(num_blocks, evictable)
         self._blocks = num_blocks
         self._lru: OrderedDict[str, _Counted[Entry]] | None = None  # while following LRU: least recent first
         self._copies: OrderedDict[str, int] = OrderedDict()  # pulled copies -> reads seen, oldest first
+        self._burst: OrderedDict[str, _Counted[Entry]] = OrderedDict()  # marked, not read since; oldest first
+        self._burst_run = burst_run
+        # the last new keys reserved, as many as a run has before it is a burst
+        self._recent_new: deque[_Counted[Entry]] = deque(maxlen=max(0, burst_run - 1))
+        self._run_length = 0  # new keys reserved in a row, nothing else between
+        self._last_new = -1  # the LFU order's access count just after the last new key's reservation
         self._shadow: LruShadow | LfuShadow = LruShadow(num_blocks)
         self._ask = self._shadow.request
         self._lead = 0.0  # decayed: the shadow's hits the region missed, less the reverse
@@ -150,7 +171,34 @@ class DuelPolicy(LfuPolicy[Entry]):
         """Whether the region is evicted in LRU order now (LFU order otherwise)."""
         return self._lru is not None
 
+    def reserved(self, entry: Entry) -> None:
+        # `LfuPolicy.reserved`'s lines, without its frame (every reservation), telling a new key
+        key = entry.key
+        found = self._ghost.pop(key, None)
+        if found is not None:
+            self._ghost_rows -= found[0]
+            self._nodes[key] = _Counted(entry, min(LFU_CAP, found[1] + 1))
+            self._accessed()
+            return
+        self._nodes[key] = node = _Counted(entry, 1)
+        self._accessed()
+        # every reservation and read moves the access count by one, so a run is unbroken when
+        # nothing was counted between this new key and the last
+        accesses = self._accesses
+        length = self._run_length + 1 if accesses - 1 == self._last_new else 1
+        self._run_length, self._last_new = length, accesses
+        if length < self._burst_run:
+            self._recent_new.append(node)
+            return
+        if length == self._burst_run:  # a burst now: the run's earlier keys are the last new ones
+            for earlier in self._recent_new:
+                if self._nodes.get(earlier.entry.key) is earlier:
+                    self._burst[earlier.entry.key] = earlier
+        self._burst[key] = node
+
     def read(self, entry: Entry) -> None:
+        if self._burst:
+            self._burst.pop(entry.key, None)
         copy_reads = self._copies.get(entry.key) if self._copies else None
         if copy_reads == 0:  # the pulling request's load says nothing of reuse here
             self._copies[entry.key] = 1
@@ -185,21 +233,28 @@ class DuelPolicy(LfuPolicy[Entry]):
 
     def freed(self, entry: Entry) -> None:
         self._copies.pop(entry.key, None)
+        if self._burst:
+            self._burst.pop(entry.key, None)
         LfuPolicy.freed(self, entry)
         if self._lru is not None:
             self._lru.pop(entry.key, None)
 
     def victims(self, needed: int, protect: Container[str]) -> list[Entry]:
-        if self._lru is None and not self._copies:
+        if self._lru is None and not self._copies and not self._burst:
             return LfuPolicy.victims(self, needed, protect)
         out: list[Entry] = []
-        while needed > 0 and self._copies:
-            copy = self._from_copies(protect)
-            if copy is None:
-                break  # every copy is held
-            out.append(copy)
-            needed -= copy.rows
         lru = self._lru
+        for first in (self._copies, self._burst):
+            while needed > 0 and first:
+                key = self._take_oldest(first, protect)
+                if key is None:
+                    break  # every one is held
+                node = self._nodes[key]
+                node.stamp = 0  # its LFU queue item, if any, is stale now
+                if lru is not None:
+                    lru.pop(key, None)
+                out.append(node.entry)
+                needed -= node.entry.rows
         if needed <= 0:
             return out
         if lru is None:
@@ -220,28 +275,31 @@ class DuelPolicy(LfuPolicy[Entry]):
         return out
 
     def queued(self) -> int:
-        return LfuPolicy.queued(self) + len(self._copies) + (len(self._lru) if self._lru is not None else 0)
+        lru = len(self._lru) if self._lru is not None else 0
+        return LfuPolicy.queued(self) + len(self._copies) + len(self._burst) + lru
 
     def rank(self, entry: Entry) -> tuple[int, int]:
         if entry.key in self._copies:
-            return (-1, entry.order)  # copies first, oldest first
+            return (-2, entry.order)  # copies first, oldest first
+        if entry.key in self._burst:
+            return (-1, entry.order)  # then a burst's entries not read since
         if self._lru is not None:
             return (0, entry.order)  # the table's queue number is recency
         return LfuPolicy.rank(self, entry)
 
     # --- internals -----------------------------------------------------------------------------
 
-    def _from_copies(self, protect: Container[str]) -> Entry | None:
-        """The oldest evictable copy, taken out of the copies' queue; held ones go round. None
-        when a whole round finds none."""
-        copies, evictable = self._copies, self._evictable
-        for _ in range(len(copies)):
-            key = next(iter(copies))
+    def _take_oldest(self, queue: OrderedDict[str, Any], protect: Container[str]) -> str | None:
+        """The oldest evictable key of `queue` (the copies' or the burst's), taken out of it; held
+        ones go round. None when a whole round finds none."""
+        evictable = self._evictable
+        for _ in range(len(queue)):
+            key = next(iter(queue))
             entry = evictable.get(key)
             if entry is not None and entry is self._nodes[key].entry and key not in protect:
-                del copies[key]
-                return entry
-            copies.move_to_end(key)
+                del queue[key]
+                return key
+            queue.move_to_end(key)
         return None
 
     def _duel(self, entry: Entry, *, hit: bool) -> None:

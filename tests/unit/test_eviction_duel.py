@@ -154,3 +154,36 @@ def test_a_pull_is_not_scored_and_a_copy_read_again_only_teaches_the_shadow():
     assert (policy._shadow.used, policy._differed) == (used, differed)
     request(table, "c")  # asked here again: this replica's own now
     assert policy._shadow.used == used + 1 and policy._differed == differed
+
+
+def test_a_burst_of_new_keys_goes_before_an_older_entry_not_read_yet():
+    """LFU order alone would take the oldest entry of count 1 (`early`, reserved before the burst);
+    a burst's entries not read since go first, oldest first, and a read takes one out of them."""
+    table, policy = _table(22, burst_run=4)
+    request(table, "hot")
+    request(table, "early")
+    request(table, "hot")  # a read ends the run
+    for n in range(20):
+        request(table, f"scan{n}")  # one run of 20 never-seen keys: a burst
+    request(table, "scan3")  # read: no longer the burst's
+    evicted = [e.key for e in table.reserve("next", 3, now=0.0, lease_s=100.0).evicted]
+    assert evicted == ["scan0", "scan1", "scan2"]
+    assert policy.rank(table.get("scan4")) < policy.rank(table.get("early"))
+    evicted = [e.key for e in table.reserve("more", 2, now=0.0, lease_s=100.0).evicted]
+    assert evicted == ["scan4", "scan5"]
+
+
+def test_new_keys_with_a_read_or_a_returning_key_between_are_no_burst():
+    table, policy = _table(24, burst_run=4)
+    request(table, "early")
+    request(table, "gone")
+    table.reserve("filler", 22, now=0.0, lease_s=100.0)  # evicts both: their counts go to the ghost
+    table.drop("filler")
+    request(table, "early")
+    for n in range(9):
+        request(table, f"new{n}")  # runs of 3 new keys, each ended by a read or a returning key
+        if n % 3 == 2:
+            request(table, "early" if n == 2 else "gone")
+    assert not policy._burst
+    evicted = [e.key for e in table.reserve("next", 16, now=0.0, lease_s=100.0).evicted]
+    assert evicted[:3] == ["new0", "new1", "new2"]  # LFU order: count 1, oldest first

@@ -106,13 +106,21 @@ lecar_ops = st.lists(
 
 
 @SETTINGS
-@given(ops=lecar_ops, expert=st.sampled_from(["lru", "lfu"]), policy=st.sampled_from(["lecar", "duel"]))
-def test_lecar_and_duel_holding_to_one_order_evict_as_its_reference_model(ops, expert, policy):
+@given(
+    ops=lecar_ops,
+    expert=st.sampled_from(["lru", "lfu"]),
+    policy=st.sampled_from(["lecar", "duel"]),
+    burst_run=st.integers(2, 6),
+)
+def test_lecar_and_duel_holding_to_one_order_evict_as_its_reference_model(ops, expert, policy, burst_run):
     """`lecar` with learning rate 0 and no floor under the weights holds its weight, `duel` with
     an infinite `z` never turns: at LRU every victim is the least recently listed or read, at LFU
-    the one of fewest reservations + reads, counting those of an evicted key's earlier stays
-    (among equals the one whose count last changed first). Counts are never halved here (the
-    trace is shorter than the aging period)."""
+    the one of fewest reservations + reads, counting those of an evicted key's earlier stays while
+    the ghost (4x the region's blocks, oldest dropped first) remembers it (among equals the one
+    whose count last changed first). `duel` takes first the entries of a burst not read since, in
+    the order they were marked: `burst_run` (small here, so runs happen) or more reservations of
+    keys not in the ghost with no read between. Counts are never halved here (the trace is shorter
+    than the aging period)."""
     table = EntryTable(12)
     if policy == "lecar":
         weight = 1.0 if expert == "lru" else 0.0
@@ -120,7 +128,7 @@ def test_lecar_and_duel_holding_to_one_order_evict_as_its_reference_model(ops, e
             12, table._evictable, learning_rate=0.0, lru_weight=weight, min_weight=0.0, age=1000.0
         )
     else:
-        duel = DuelPolicy(12, table._evictable, z=float("inf"))
+        duel = DuelPolicy(12, table._evictable, z=float("inf"), burst_run=burst_run)
         if expert == "lru":
             duel._turn()
         assert duel.follows_lru == (expert == "lru")
@@ -129,6 +137,9 @@ def test_lecar_and_duel_holding_to_one_order_evict_as_its_reference_model(ops, e
     last: dict[str, int] = {}  # key -> when listed first or read last (both experts' tie order)
     counts: dict[str, int] = {}  # key -> reservations + reads, kept after eviction (the ghost)
     rows_of: dict[str, int] = {}
+    ghost: dict[str, int] = {}  # evicted key -> rows, oldest first
+    run: list[str] = []  # duel: the current run of reservations of keys not in the ghost
+    marked: dict[str, None] = {}  # duel: a burst's entries not read since, in marking order
     for n, (op, k, rows) in enumerate(ops):
         clock += 1
         if op == "read":
@@ -140,12 +151,16 @@ def test_lecar_and_duel_holding_to_one_order_evict_as_its_reference_model(ops, e
             table.unpin(key)
             counts[key] += 1
             last[key] = clock
+            run.clear()
+            marked.pop(key, None)
             continue
         key = f"k{k % 8}"  # an evicted key may come back: its count goes on from the ghost
         if key in rows_of:
             key = f"n{n}"
         free = table.blocks.free_blocks
         order = sorted(rows_of, key=lambda x: (last[x],) if expert == "lru" else (counts[x], last[x]))
+        if policy == "duel":
+            order = list(marked) + [x for x in order if x not in marked]
         expected = []
         for victim in order:
             if rows <= free:
@@ -156,8 +171,19 @@ def test_lecar_and_duel_holding_to_one_order_evict_as_its_reference_model(ops, e
         assert res is not None
         assert [e.key for e in res.evicted] == expected
         for victim in expected:
-            del rows_of[victim]
+            ghost[victim] = rows_of.pop(victim)
+            marked.pop(victim, None)
+            while sum(ghost.values()) > 4 * 12:
+                dropped = next(iter(ghost))
+                del ghost[dropped], counts[dropped]
         table.mark_ready(key)
         rows_of[key] = rows
+        if key in ghost:
+            del ghost[key]
+            run.clear()
+        elif policy == "duel":
+            run.append(key)
+            if len(run) >= burst_run:  # the run's keys still held, then each later one as it comes
+                marked.update(dict.fromkeys(k for k in run[-burst_run:] if k in rows_of))
         counts[key] = counts.get(key, 0) + 1
         last[key] = clock
