@@ -267,6 +267,24 @@ def test_an_idle_agents_progress_thread_sleeps_unless_its_delay_is_0(shm_dir: Pa
     assert waiting < spinning / 4, f"idle: {waiting:.2f} of a core with the delay, {spinning:.2f} without"
 
 
+def test_a_nixl_wrapper_built_otherwise_keeps_its_agent_with_a_warning() -> None:
+    """The delay is set by swapping the wrapper's bound agent before any backend exists; a wrapper
+    without the bindings it builds that agent from (another NIXL release) is left as it is."""
+    from structlog.testing import capture_logs
+
+    from ec_connector.adapters.nixl_data.transport import _delay_progress_thread
+
+    class Wrapper:  # a module without `nixlBind`, as a NIXL built otherwise would have
+        name, agent, backends = "w", object(), {}
+
+    wrapper = Wrapper()
+    bound = wrapper.agent
+    with capture_logs() as logs:
+        _delay_progress_thread(object(), wrapper, 1000)
+    assert wrapper.agent is bound
+    assert [e["event"] for e in logs] == ["nixl_progress_delay_unavailable"]
+
+
 @needs_nixl
 def test_a_progress_delay_that_is_not_a_whole_number_of_microseconds_is_refused(region: ShmRegion) -> None:
     from ec_connector.adapters.nixl_data import NixlPeerTransport
