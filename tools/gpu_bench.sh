@@ -85,9 +85,11 @@ OUT=${OUT:-./gpu-out}
 mkdir -p "$OUT"
 export PYTHONPATH=/tmp/site:$PWD:/tmp/deps${PYTHONPATH:+:$PYTHONPATH}
 export VLLM_USE_FLASHINFER_SAMPLER=0 HF_HUB_OFFLINE=1 VLLM_NO_USAGE_STATS=1
+started=$(mktemp)  # only this run's JSON goes to $OUT, not those of earlier calls on a warm machine
 timeout $((BUDGET + 45)) python3 bench/serving.py run "${ARGS[@]}" > "$OUT/serving-$CALL.txt" 2>&1
 rc=$?
-cp /tmp/bench-"$CALL"/serving-*.json "$OUT/" 2>/dev/null
+find "/tmp/bench-$CALL" -maxdepth 1 -name 'serving-*.json' -newer "$started" -exec cp {} "$OUT/" \; 2>/dev/null
+rm -f "$started"
 tar -czf "$OUT/$CALL-logs.tgz" -C "/tmp/bench-$CALL" --exclude='*.safetensors' --exclude=model \
   --exclude='*.pt.trace.json*' . 2>/dev/null
 tail -40 "$OUT/serving-$CALL.txt"
