@@ -51,7 +51,7 @@ from collections.abc import Container, Iterable, Mapping
 from typing import Any
 
 from ec_connector.domain.entries import Entry
-from ec_connector.domain.eviction_lecar import LFU_CAP, LfuPolicy, _Counted
+from ec_connector.domain.eviction_lecar import LfuPolicy, _Counted
 
 WINDOW = 4.0  # periods: the duel's counts halve over this many
 BURST_RUN = 16  # reservations of never-seen keys in a row, nothing else between, that are a burst
@@ -172,16 +172,12 @@ class DuelPolicy(LfuPolicy[Entry]):
         return self._lru is not None
 
     def reserved(self, entry: Entry) -> None:
-        # `LfuPolicy.reserved`'s lines, without its frame (every reservation), telling a new key
         key = entry.key
-        found = self._ghost.pop(key, None)
-        if found is not None:
-            self._ghost_rows -= found[0]
-            self._nodes[key] = _Counted(entry, min(LFU_CAP, found[1] + 1))
-            self._accessed()
+        new = key not in self._ghost  # never seen, or forgotten: it may be part of a burst
+        LfuPolicy.reserved(self, entry)
+        if not new:
             return
-        self._nodes[key] = node = _Counted(entry, 1)
-        self._accessed()
+        node = self._nodes[key]
         # every reservation and read moves the access count by one, so a run is unbroken when
         # nothing was counted between this new key and the last
         accesses = self._accesses
@@ -197,12 +193,12 @@ class DuelPolicy(LfuPolicy[Entry]):
         self._burst[key] = node
 
     def read(self, entry: Entry) -> None:
-        if self._burst:
-            self._burst.pop(entry.key, None)
         copy_reads = self._copies.get(entry.key) if self._copies else None
         if copy_reads == 0:  # the pulling request's load says nothing of reuse here
             self._copies[entry.key] = 1
             return
+        if self._burst:
+            self._burst.pop(entry.key, None)
         LfuPolicy.read(self, entry)
         if copy_reads is not None:
             # read here again: this replica's own from now on. The shadow learns the key (it
