@@ -83,13 +83,14 @@ class LruShadow:
         if key in resident:
             resident.move_to_end(key)
             return True
-        if rows > self.capacity:
+        capacity = self.capacity
+        if rows > capacity:
             return False
-        while self.used + rows > self.capacity:
-            _, dropped = resident.popitem(last=False)
-            self.used -= dropped
+        used = self.used + rows
+        while used > capacity:
+            used -= resident.popitem(False)[1]  # the least recent key's rows
         resident[key] = rows
-        self.used += rows
+        self.used = used
         return False
 
 
@@ -172,12 +173,9 @@ class DuelPolicy(LfuPolicy[Entry]):
         return self._lru is not None
 
     def reserved(self, entry: Entry) -> None:
-        key = entry.key
-        new = key not in self._ghost  # never seen, or forgotten: it may be part of a burst
-        LfuPolicy.reserved(self, entry)
-        if not new:
-            return
-        node = self._nodes[key]
+        node = self._count_in(entry)
+        if node is None:
+            return  # a key the ghost knew (not new): not part of a burst
         # every reservation and read moves the access count by one, so a run is unbroken when
         # nothing was counted between this new key and the last
         accesses = self._accesses
@@ -190,7 +188,7 @@ class DuelPolicy(LfuPolicy[Entry]):
             for earlier in self._recent_new:
                 if self._nodes.get(earlier.entry.key) is earlier:
                     self._burst[earlier.entry.key] = earlier
-        self._burst[key] = node
+        self._burst[entry.key] = node
 
     def read(self, entry: Entry) -> None:
         copy_reads = self._copies.get(entry.key) if self._copies else None
@@ -228,7 +226,8 @@ class DuelPolicy(LfuPolicy[Entry]):
             self._lru.setdefault(key, node)
 
     def freed(self, entry: Entry) -> None:
-        self._copies.pop(entry.key, None)
+        if self._copies:
+            self._copies.pop(entry.key, None)
         if self._burst:
             self._burst.pop(entry.key, None)
         LfuPolicy.freed(self, entry)

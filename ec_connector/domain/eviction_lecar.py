@@ -79,13 +79,19 @@ class LfuPolicy(Generic[ItemT]):
         self._accesses = 0
 
     def reserved(self, entry: ItemT) -> None:
+        self._count_in(entry)
+
+    def _count_in(self, entry: ItemT) -> _Counted[ItemT] | None:
+        """`reserved`: a node for `entry`, counted 1 plus its key's count in the ghost if there.
+        Returns the node if the key was not in the ghost (never seen, or forgotten), else None."""
         rows_count = self._ghost.pop(entry.key, None)
         count = 1
         if rows_count is not None:
             self._ghost_rows -= rows_count[0]
             count = min(LFU_CAP, rows_count[1] + 1)
-        self._nodes[entry.key] = _Counted(entry, count)
+        node = self._nodes[entry.key] = _Counted(entry, count)
         self._accessed()
+        return node if rows_count is None else None
 
     def read(self, entry: ItemT) -> None:
         node = self._nodes[entry.key]
@@ -103,11 +109,12 @@ class LfuPolicy(Generic[ItemT]):
     def freed(self, entry: ItemT) -> None:
         node = self._nodes.pop(entry.key)
         node.stamp = -1
-        self._ghost[entry.key] = (entry.rows, node.count)
-        self._ghost_rows += entry.rows
-        while self._ghost_rows > self._ghost_limit:
-            _, (rows, _count) = self._ghost.popitem(last=False)
-            self._ghost_rows -= rows
+        ghost, limit = self._ghost, self._ghost_limit
+        ghost[entry.key] = (entry.rows, node.count)
+        rows = self._ghost_rows + entry.rows
+        while rows > limit:
+            rows -= ghost.popitem(False)[1][0]  # the oldest key's (rows, count)
+        self._ghost_rows = rows
 
     def victims(self, needed: int, protect: Container[str]) -> list[ItemT]:
         out: list[ItemT] = []
@@ -153,6 +160,8 @@ class LfuPolicy(Generic[ItemT]):
     def _next(self, protect: Container[str]) -> _Counted[ItemT] | None:
         evictable = self._evictable
         for queue in self._queues:
+            if not queue:
+                continue  # cheaper than an empty round
             for _ in range(len(queue)):
                 stamp, node = queue.popleft()
                 self._items -= 1
@@ -166,9 +175,9 @@ class LfuPolicy(Generic[ItemT]):
         return None
 
     def _push(self, node: _Counted[ItemT]) -> None:
-        self._stamp += 1
-        node.stamp = self._stamp
-        self._queues[node.count].append((self._stamp, node))
+        stamp = self._stamp = self._stamp + 1
+        node.stamp = stamp
+        self._queues[node.count].append((stamp, node))
         self._items += 1
         # stale items (a count moved on, a victim taken, an entry freed) are dropped when they
         # outnumber the entries: O(items) then, so O(1) amortised
@@ -181,7 +190,8 @@ class LfuPolicy(Generic[ItemT]):
 
     def _accessed(self) -> None:
         self._accesses += 1
-        if self._accesses < self._age * max(64, len(self._nodes) + len(self._ghost)):
+        tracked = len(self._nodes) + len(self._ghost)
+        if self._accesses < self._age * (tracked if tracked > 64 else 64):  # not max(): a slow call
             return
         self._accesses = 0
         for key, (rows, count) in self._ghost.items():
