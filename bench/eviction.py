@@ -18,7 +18,9 @@ beside them (bench/eviction_candidates.py): `clock` (CLOCK / SIEVE-like), `s3fif
 a ghost of counts, halved every 10x / 1x the tracked keys' accesses; domain/eviction_lecar.py),
 `wtinylfu` (bench/eviction_wtinylfu.py: W-TinyLFU with Caffeine's hill-climbing window) and
 `arc` (bench/eviction_arc.py: ARC counted in blocks), `lfu-block` and `duel-block`
-(bench/eviction_block.py: `lfu` and `duel` ranking by count per block), `hyperbolic[:...]` and
+(bench/eviction_block.py: `lfu` and `duel` ranking by count per block, a heap), `lfu-bucket[:k=K]` and
+`duel-bucket[:k=K]` (bench/eviction_block_buckets.py: the same order in O(1) queues of a quantised
+count per block), `hyperbolic[:...]` and
 `lecar-tuned[:...]`
 (bench/eviction_hyperbolic.py: hyperbolic caching over a random sample; `lecar` with other
 settings), `decayed[:...]`, `decayed-adaptive[:...]` and `decayed-climb[:...]`
@@ -57,6 +59,7 @@ from bench.cache_sides import BaselineSide, OursSide  # noqa: E402
 from bench.cache_traces import ENGINE_SOURCES, SOURCES, TRACES, Trace, make_trace  # noqa: E402
 from bench.eviction_arc import ArcPolicy  # noqa: E402
 from bench.eviction_block import BlockDuelPolicy, BlockLfuPolicy  # noqa: E402
+from bench.eviction_block_buckets import is_bucket, make_bucket  # noqa: E402
 from bench.eviction_candidates import ClockPolicy, Settings, TinyLfuS3FifoPolicy, policy_settings  # noqa: E402
 from bench.eviction_hyperbolic import is_candidate, make_candidate  # noqa: E402
 from bench.eviction_offline import (  # noqa: E402
@@ -141,6 +144,8 @@ def _ours(policy: str) -> Callable[[int], OursSide]:
             table._policy = BlockLfuPolicy(num_blocks, evictable)
         elif policy == "duel-block":
             table._policy = BlockDuelPolicy(num_blocks, evictable)
+        elif is_bucket(policy):
+            table._policy = make_bucket(policy, num_blocks, evictable)
         elif policy == "lfu-fast-aging":
             table._policy = LfuPolicy(num_blocks, evictable, age=1.0)
         elif policy == "lecar":

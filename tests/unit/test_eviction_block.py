@@ -1,13 +1,14 @@
-"""The per-block candidates of the eviction bench (bench/eviction_block.py): with one size of item
-they decide as `lfu` and `duel`; with sizes they rank by count per block; `duel-block` turns with
-a per-block LFU shadow (the table's guarantees under them: test_eviction_offline.py's candidate
-property test)."""
+"""The per-block candidates of the eviction bench (bench/eviction_block.py, its heap, and
+bench/eviction_block_buckets.py, its quantised queues): with one size of item they decide as `lfu`
+and `duel`; with sizes they rank by count per block; `duel-block` turns with a per-block LFU
+shadow (the table's guarantees under them: test_eviction_offline.py's candidate property test)."""
 
 from __future__ import annotations
 
 import random
 
 from bench.eviction_block import BlockDuelPolicy, BlockLfuPolicy, BlockLfuShadow
+from bench.eviction_block_buckets import bucket_classes
 from ec_connector.domain.cache import EntryTable
 from ec_connector.domain.eviction import EvictionPolicy
 from ec_connector.domain.eviction_duel import DuelPolicy
@@ -26,7 +27,14 @@ def test_with_one_size_they_decide_as_lfu_and_duel():
     rng = random.Random(3)
     # popularity that moves once, so the duels turn and the LFU orders age
     keys = [f"k{rng.randrange(12)}" for _ in range(300)] + [f"m{rng.randrange(12)}" for _ in range(300)]
-    for plain, block in ((LfuPolicy, BlockLfuPolicy), (DuelPolicy, BlockDuelPolicy)):
+    lfu_bucket, duel_bucket = bucket_classes()
+    pairs = (
+        (LfuPolicy, BlockLfuPolicy),
+        (DuelPolicy, BlockDuelPolicy),
+        (LfuPolicy, lfu_bucket),
+        (DuelPolicy, duel_bucket),
+    )
+    for plain, block in pairs:
         a, b = _table(16, plain), _table(16, block)
         for key in keys:
             assert request(a, key, 2) == request(b, key, 2), (plain.__name__, key)
@@ -34,7 +42,9 @@ def test_with_one_size_they_decide_as_lfu_and_duel():
 
 
 def test_a_large_entry_read_as_often_as_a_small_one_goes_first():
-    for kind, survivors in ((BlockLfuPolicy, {"small", "new"}), (LfuPolicy, {"small"})):
+    cases = [(BlockLfuPolicy, {"small", "new"}), (LfuPolicy, {"small"})]
+    cases += [(bucket_classes(k)[0], {"small", "new"}) for k in (1, 16)]
+    for kind, survivors in cases:
         table = _table(6, kind)
         request(table, "big", 4)
         request(table, "small", 1)

@@ -13,6 +13,7 @@ from bench.cache_traces import Trace, make_trace
 from bench.eviction import _belady, _ours, _popularity, _posterior, replay_hits
 from bench.eviction_arc import ArcPolicy
 from bench.eviction_block import BlockDuelPolicy, BlockLfuPolicy
+from bench.eviction_block_buckets import bucket_classes
 from bench.eviction_candidates import ClockPolicy, TinyLfuS3FifoPolicy
 from bench.eviction_hyperbolic import make_candidate
 from bench.eviction_offline import (
@@ -214,6 +215,8 @@ CANDIDATES = [
     "arc",
     "lfu-block",
     "duel-block",
+    "lfu-bucket",
+    "duel-bucket",
     "popularity",
     "posterior",
 ]
@@ -266,6 +269,10 @@ def _candidate(name: str, table: EntryTable) -> EvictionPolicy:
         return BlockLfuPolicy(num_blocks, table._evictable, age=0.05)
     if name == "duel-block":  # a turn every period or two: both shadows run
         return BlockDuelPolicy(num_blocks, table._evictable, z=0.0)
+    if name == "lfu-bucket":  # two buckets an octave (ties between counts), ages often
+        return bucket_classes(2)[0](num_blocks, table._evictable, age=0.05)
+    if name == "duel-bucket":
+        return bucket_classes()[1](num_blocks, table._evictable, z=0.0)
     if name == "arc":  # T1's target at half the region: victims come from both lists
         return ArcPolicy(num_blocks, table._evictable, p_start=0.5)
     if name == "wtinylfu":  # a window of a fifth, a sample of 64 requests: the climber moves it
