@@ -10,8 +10,8 @@ distinct counts of one size never tie, so with one size the order is `lfu`'s exa
 
 Measured (2-core machine, docs/eviction.md "Ordering per block, measured online"): K=16 meets
 duel-block's sweep cells (24 of 33, drift 0.77x) and costs as much as its heap in
-bench/eviction_step_cost.py (1.21-1.27x fifo's step p50, duel 1.08-1.12x): the time inside the
-policy is within ~15% of duel's; the rest is the table serving the per-block order's decisions
+bench/eviction_step_cost.py (1.20-1.27x fifo's step p50, duel 1.07-1.12x): the time inside the
+policy is within ~10% of duel's; the rest is the table serving the per-block order's decisions
 (more misses, more runs freed), which no cheaper order removes.
 """
 
