@@ -14,6 +14,7 @@ which entries a producer will hold for its consumers. `StaleParams` below is tha
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 from dataclasses import dataclass, field
 
@@ -58,6 +59,9 @@ def main() -> int:
     parser.add_argument("--only", choices=[k.value for k in EventKind], action="append", help="kinds to take")
     parser.add_argument("--count", type=int, default=0, help="stop after N events (0: run until Ctrl-C)")
     args = parser.parse_args()
+    # Ctrl-C (SIGINT) stops it even when started as a shell's background job, which inherits
+    # SIGINT ignored: a supervisor that runs it so still stops it with SIGINT
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
     ctx = zmq.Context()
     sub = ctx.socket(zmq.SUB)
