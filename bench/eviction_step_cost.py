@@ -18,6 +18,7 @@ import math
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -114,21 +115,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=8)
     ap.add_argument("--split", action="store_true", help="also time the policy apart from the table")
     args = ap.parse_args(argv)
-    res = step_costs(
-        args.policies,
-        trace_name=args.trace,
-        steps=args.steps,
-        reps=args.reps,
-        region_gib=args.region_gib,
-        seed=args.seed,
-    )
-    for policy, figures in res.items():
-        print(
-            f"{policy:>24}  step p50 {figures['p50_us']:7.0f} µs  p99 {figures['p99_us']:7.0f} µs  "
-            f"p50 / {args.policies[0]} {figures['p50_ratio']:.2f}x"
-        )
-    if args.split:
-        split = policy_split(
+
+    def measured(how: Callable[..., dict[str, dict[str, float]]]) -> dict[str, dict[str, float]]:
+        return how(
             args.policies,
             trace_name=args.trace,
             steps=args.steps,
@@ -136,6 +125,15 @@ def main(argv: list[str] | None = None) -> int:
             region_gib=args.region_gib,
             seed=args.seed,
         )
+
+    res = measured(step_costs)
+    for policy, figures in res.items():
+        print(
+            f"{policy:>24}  step p50 {figures['p50_us']:7.0f} µs  p99 {figures['p99_us']:7.0f} µs  "
+            f"p50 / {args.policies[0]} {figures['p50_ratio']:.2f}x"
+        )
+    if args.split:
+        split = measured(policy_split)
         print(f"a whole replay ({args.steps} steps), fastest of {args.reps}:")
         for policy, figures in split.items():
             print(
