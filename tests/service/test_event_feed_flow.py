@@ -191,7 +191,9 @@ def test_the_subscriber_example_prints_events_and_drops_evicted_params():
 
     example = Path(__file__).resolve().parents[2] / "examples" / "event_subscriber.py"
     sink = ZmqEventSink("tcp://127.0.0.1:*")
-    cmd = [sys.executable, str(example), sink.address, "--only", "announced", "--only", "evicted"]
+    # started with SIGINT ignored, as a shell's background job is: SIGINT must still stop it
+    ignoring = ["sh", "-c", 'trap "" INT; exec "$0" "$@"']
+    cmd = [*ignoring, sys.executable, str(example), sink.address, "--only", "announced", "--only", "evicted"]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     lines: list[str] = []
 
