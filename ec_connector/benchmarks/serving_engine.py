@@ -424,11 +424,20 @@ async def profiled(engine: Any, spec: dict, label: str, serving: Awaitable[Any])
         if s["step_thread"] is not None:
             say(
                 f"{spec['arm']} {label} profile {s['file']}: step thread {s['span_ms']:.0f} ms, "
-                f"{s['covered_share']:.0%} covered, gaps over 0.1 ms {s['gaps']['over_min_ms']:.0f} ms; "
+                f"{s['covered_share']:.0%} covered, gaps over 0.1 ms {s['gaps']['over_min_ms']:.0f} ms"
+                f"{_largest_gap(s['gaps'])}; "
                 f"GPU kernels {s['gpu'].get('kernel_share', 0):.0%}; "
                 f"top ops {s['ops'][:3]}"
             )
     return got, summaries
+
+
+def _largest_gap(gaps: dict) -> str:
+    """The profile line's note of the largest gap: its length and how far into the pass it began."""
+    if not gaps.get("largest"):
+        return ""
+    ms, _before, _after, at_ms = gaps["largest"][0]
+    return f" (largest {ms:.0f} ms, {at_ms:.0f} ms in)"
 
 
 def child_setup() -> tuple[dict, Results, str]:

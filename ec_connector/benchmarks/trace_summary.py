@@ -5,7 +5,8 @@
   thread, or its worker's), its span (first event to last), and how much of the span its
   top-level events cover (the rest: it waited, or ran code the profiler does not record);
 - the gaps between its top-level events over 0.1 ms (count, total, the largest with the events on
-  either side): where it waited, or ran Python the profiler does not record without stacks;
+  either side and the ms into the span where each starts): where it waited, or ran Python the
+  profiler does not record without stacks;
 - its operators by self time (time in an event less its children's), the top `top`;
 - CUDA runtime and driver calls on it by total time (a `cudaStreamSynchronize`, a blocking
   `cudaMemcpyAsync` or `cudaEventSynchronize` there is the step thread waiting for the GPU);
@@ -66,14 +67,20 @@ def _self_times(events: list[dict[str, Any]]) -> tuple[dict[str, float], list[tu
 def _gaps(tops: list[tuple[float, float, str]], largest: int = GAPS_SHOWN) -> dict[str, Any]:
     """The step thread's time between top-level events: waits, and Python the profiler does not
     record without stacks (the scheduler's, between vLLM's step ranges). Gaps over GAP_MIN_US are
-    counted and summed; the largest are named by the events on either side."""
+    counted and summed; the largest are named by the events on either side, with where they start
+    in the span (ms from its first event): a wait at the start is the pass's first request still
+    on its way, one in the middle a stall."""
+    start = tops[0][0] if tops else 0.0
     pairs = zip(tops, tops[1:], strict=False)
-    found = [(b[0] - a[1], a[2], b[2]) for a, b in pairs if b[0] - a[1] > GAP_MIN_US]
+    found = [(b[0] - a[1], a[2], b[2], a[1] - start) for a, b in pairs if b[0] - a[1] > GAP_MIN_US]
     found.sort(key=lambda g: -g[0])
     return {
         "over_min": len(found),
         "over_min_ms": round(sum(g[0] for g in found) * 1e-3, 3),
-        "largest": [[round(us * 1e-3, 3), before, after] for us, before, after in found[:largest]],
+        "largest": [
+            [round(us * 1e-3, 3), before, after, round(at * 1e-3, 3)]
+            for us, before, after, at in found[:largest]
+        ],
     }
 
 

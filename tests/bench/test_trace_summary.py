@@ -52,7 +52,8 @@ def test_the_step_thread_its_self_times_calls_and_the_gpu_share(tmp_path: Path) 
     assert got["ops"][0][0] == "step"
     assert got["cuda_calls"] == [["cudaStreamSynchronize", 1, 0.1], ["cudaLaunchKernel", 1, 0.01]]
     assert got["hook_ranges"] == {"ec_tier.save_caches": [2, 0.025]}
-    assert got["gaps"] == {"over_min": 1, "over_min_ms": 0.5, "largest": [[0.5, "step", "aten::add"]]}
+    # 500 µs, between the step and the last add, starting 1 ms into the span
+    assert got["gaps"] == {"over_min": 1, "over_min_ms": 0.5, "largest": [[0.5, "step", "aten::add", 1.0]]}
     assert got["gpu"] == {"kernels": 1, "kernel_ms": 0.4, "copy_ms": 0.08, "kernel_share": 0.25}
 
 
