@@ -36,7 +36,6 @@ def _buckets(k: int) -> int:
     return k * (MAX_LOG_ROWS + 4) + 2  # count 0; then log2(1 / 2 ** 20) .. log2(15) < 4
 
 
-@cache
 def _table(k: int, rows: int) -> tuple[int, ...]:
     """The bucket of each count 0..LFU_CAP for an entry of `rows` blocks."""
     out = [0]

@@ -23,8 +23,6 @@ import zmq
 from ec_connector.adapters.zmq_control.events import EventFrameError, FeedEvent, decode_event, topic
 from ec_connector.domain.transfers import EventKind
 
-POLL_MS = 200
-
 
 @dataclass
 class StaleParams:
@@ -73,10 +71,6 @@ def main() -> int:
     taken = 0
     try:
         while not args.count or taken < args.count:
-            # a bounded wait: a Ctrl-C that lands just before a blocking receive would otherwise
-            # wait for the next event to be seen
-            if not sub.poll(POLL_MS):
-                continue
             frames = sub.recv_multipart()
             try:
                 event = decode_event(frames)
