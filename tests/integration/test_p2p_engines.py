@@ -87,6 +87,7 @@ def run_pair(python: Path, model: Path, work: Path, *, stop_producer_first: bool
             text=True,
             timeout=600,
         )
+        (work / "consumer.log").write_text(consumer.stdout + consumer.stderr)
         if consumer.returncode != 0:
             sys.stderr.write(consumer.stdout[-20000:] + consumer.stderr[-20000:])
             pytest.fail(f"consumer engine exited with {consumer.returncode}")
@@ -102,6 +103,7 @@ def run_pair(python: Path, model: Path, work: Path, *, stop_producer_first: bool
         "producer": json.loads((work / "producer.json").read_text()),
         "consumer": json.loads((work / "consumer.json").read_text()),
         "ids": ids,
+        "transfers": [t for t in (work / "consumer.log").read_text().splitlines() if "peer_transfer" in t],
     }
 
 
@@ -127,8 +129,9 @@ def test_consumer_reads_every_item_from_the_producer_and_encodes_nothing(pair, b
     consumer = pair["consumer"]
     assert [r["token_ids"] for r in consumer["requests"]] == [r["token_ids"] for r in baseline["requests"]]
     distinct = {i for request in WORKLOAD for i in request}
-    assert consumer["encoded"] == []
-    assert consumer["peer"]["reads_done"] == len(distinct)
+    why = {"peer": consumer["peer"], "transfers": pair["transfers"]}  # a fallback's reason and timings
+    assert consumer["encoded"] == [], why
+    assert consumer["peer"]["reads_done"] == len(distinct), why
     assert consumer["peer"]["fallbacks"] == 0
     assert consumer["tier"]["loads_done"] >= len(distinct)
     producer = pair["producer"]["peer"]
