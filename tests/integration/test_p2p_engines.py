@@ -32,7 +32,15 @@ WORKLOAD = [[0], [1], [2, 3], [0, 4]]
 METADATA_ONLY = 1  # the pair's consumer sends this request without its image, only the item's metadata
 
 
-def connector(role: str, engine_id: str) -> dict:
+# The pair checks that every item is read, not how quickly: its bounds are loose, so that a stall
+# of a loaded 2-core host cannot turn a read into a fallback. The fault cases keep short ones.
+PAIR_ACK_TIMEOUT_S = 15.0
+PAIR_NOT_READY_GIVE_UP_S = 30.0
+
+
+def connector(
+    role: str, engine_id: str, *, ack_timeout_s: float = 2.0, not_ready_give_up_s: float = 5.0
+) -> dict:
     return {
         "ec_connector": "ECTierConnector",
         "ec_connector_module_path": "ec_connector.entrypoints.vllm",
@@ -41,8 +49,8 @@ def connector(role: str, engine_id: str) -> dict:
         "ec_connector_extra_config": {
             "ec_cpu_bytes": 1 << 20,
             "ec_enable_nixl": "true",
-            "consumer_ack_timeout_s": 2.0,
-            "not_ready_give_up_s": 5.0,
+            "consumer_ack_timeout_s": ack_timeout_s,
+            "not_ready_give_up_s": not_ready_give_up_s,
         },
     }
 
@@ -60,7 +68,13 @@ def run_pair(python: Path, model: Path, work: Path, *, stop_producer_first: bool
     ids = {"producer": f"e-{uuid.uuid4().hex[:6]}", "consumer": f"pd-{uuid.uuid4().hex[:6]}"}
     script = str(ENGINE_DIR / "p2p.py")
     for role in ids:
-        cfg = {"connector": connector(f"ec_{role}", ids[role]), "workload": WORKLOAD, "serve_s": 240}
+        config = connector(
+            f"ec_{role}",
+            ids[role],
+            ack_timeout_s=PAIR_ACK_TIMEOUT_S,
+            not_ready_give_up_s=PAIR_NOT_READY_GIVE_UP_S,
+        )
+        cfg = {"connector": config, "workload": WORKLOAD, "serve_s": 240}
         if role == "consumer" and not stop_producer_first:
             cfg["metadata_only"] = [METADATA_ONLY]  # with its producer up, the item is read, not needed
         (work / f"{role}.cfg.json").write_text(json.dumps(cfg))
