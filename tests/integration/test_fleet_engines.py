@@ -27,8 +27,10 @@ from .test_local_tier_engine import ENGINE_DIR, region_files
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
-ACK_TIMEOUT_S = 2.0
-GIVE_UP_S = 5.0
+# Loose fetch bounds: the pulls are checked to happen, not to be quick, so a stall of a loaded
+# 2-core host cannot turn one into a local encode; a dead peer is seen by its closed connection.
+ACK_TIMEOUT_S = 15.0
+GIVE_UP_S = 30.0
 HEARTBEAT_TIMEOUT_S = 3.0
 LIVENESS_SLACK_S = 30.0  # a fallback must happen, not be quick: only a hang fails this bound
 
