@@ -146,7 +146,7 @@ def test_consumer_reads_every_item_from_the_producer_and_encodes_nothing(pair, b
     why = {"peer": consumer["peer"], "transfers": pair["transfers"]}  # a fallback's reason and timings
     assert consumer["encoded"] == [], why
     assert consumer["peer"]["reads_done"] == len(distinct), why
-    assert consumer["peer"]["fallbacks"] == 0
+    assert consumer["peer"]["fallbacks"] == 0, why
     assert consumer["tier"]["loads_done"] >= len(distinct)
     producer = pair["producer"]["peer"]
     assert producer["grants"] == producer["grants_released"] == len(distinct)
